@@ -1,0 +1,53 @@
+# deviceshare — every target creates the virtualenv it needs.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: help venv test lint demo sandbox bench soak e2e image clean
+
+help:
+	@echo "make demo   - sandbox cluster + operator + webhook, shows groups bound with their devices"
+	@echo "make test   - lint, type-check and the whole test suite"
+	@echo "make bench  - benchmarks; writes docs/benchmarks.md"
+	@echo "make soak   - 30 minutes of churn against the sandbox"
+	@echo "make e2e    - tests against a real cluster (needs KUBECONFIG)"
+	@echo "make image  - container image (needs Docker)"
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+
+test: lint
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+demo: $(STAMP)
+	$(BIN)/deviceshare demo
+
+sandbox: $(STAMP)
+	$(BIN)/deviceshare sandbox
+
+bench: $(STAMP)
+	$(BIN)/python -m benchmarks.run $(BENCH_ARGS)
+
+soak: $(STAMP)
+	$(BIN)/python -m pytest -q -m slow tests -p no:cacheprovider $(PYTEST_ARGS)
+
+e2e: $(STAMP)
+	@test -n "$$KUBECONFIG" || (echo "make e2e needs KUBECONFIG pointing at a real cluster" && exit 2)
+	$(BIN)/python -m pytest -q -m e2e tests
+
+image:
+	docker build -t deviceshare:dev .
+
+clean:
+	rm -rf $(VENV) build dist src/*.egg-info .mypy_cache .ruff_cache

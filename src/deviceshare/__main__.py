@@ -1,0 +1,5 @@
+import sys
+
+from deviceshare.cli import main
+
+sys.exit(main())

@@ -1,0 +1,104 @@
+"""pydantic models of the SharedDeviceGroup spec and status.
+
+They mirror ``crds/shareddevicegroups.yaml`` (a test compares the two field by field), so what the
+API server accepts and what the operator and webhook parse are the same thing. Field names are
+snake_case in Python and camelCase on the wire.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+from pydantic.alias_generators import to_camel
+
+from deviceshare.api import names
+
+MAX_RESOURCES = 16
+MAX_DEVICES_PER_RESOURCE = 64
+MAX_MEMBERS_LIMIT = 10_000
+RESOURCE_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+
+Strategy = Literal["binpack", "spread"]
+Phase = Literal["Pending", "Bound", "Releasing"]
+ConditionStatus = Literal["True", "False", "Unknown"]
+DeviceCount = Annotated[int, Field(ge=1, le=MAX_DEVICES_PER_RESOURCE)]
+ResourceName = Annotated[str, StringConstraints(pattern=RESOURCE_NAME_PATTERN, max_length=253)]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, frozen=True)
+
+    def to_k8s(self) -> dict[str, Any]:
+        """The wire form: camelCase keys, no unset optional fields."""
+        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+class GroupSpec(_Model):
+    """What a group asks for. ``resources`` and ``nodeSelector`` are immutable once Bound."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    resources: dict[ResourceName, DeviceCount] = Field(min_length=1, max_length=MAX_RESOURCES)
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    scheduling_strategy: Strategy = "binpack"
+    max_members: int = Field(default=0, ge=0, le=MAX_MEMBERS_LIMIT)
+
+    @field_validator("resources")
+    @classmethod
+    def _ordered(cls, v: dict[str, int]) -> dict[str, int]:
+        return dict(sorted(v.items()))
+
+
+class Condition(_Model):
+    """A metav1.Condition."""
+
+    type: str
+    status: ConditionStatus
+    reason: str = ""
+    message: str = ""
+    last_transition_time: str | None = None
+    observed_generation: int | None = None
+
+
+class GroupStatus(_Model):
+    phase: Phase = "Pending"
+    node_name: str | None = None
+    allocated_devices: dict[str, list[str]] = Field(default_factory=dict)
+    members: list[str] = Field(default_factory=list)
+    member_count: int = Field(default=0, ge=0)
+    observed_generation: int | None = None
+    conditions: list[Condition] = Field(default_factory=list)
+
+    def condition(self, type_: str) -> Condition | None:
+        return next((c for c in self.conditions if c.type == type_), None)
+
+
+class SharedDeviceGroup(_Model):
+    """A whole object as read from the API (metadata kept as a plain mapping)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    api_version: str = names.API_VERSION
+    kind: str = names.KIND
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    spec: GroupSpec
+    status: GroupStatus = Field(default_factory=GroupStatus)
+
+    @property
+    def name(self) -> str:
+        return str(self.metadata.get("name", ""))
+
+    @property
+    def namespace(self) -> str:
+        return str(self.metadata.get("namespace", ""))
+
+    @classmethod
+    def from_k8s(cls, body: Mapping[str, Any]) -> SharedDeviceGroup:
+        status = body.get("status") or {}
+        # Kopf keeps its own bookkeeping under status too; only our fields are modelled.
+        known = {f.alias or k for k, f in GroupStatus.model_fields.items()}
+        return cls.model_validate(
+            {**body, "status": {k: v for k, v in status.items() if k in known}}
+        )

@@ -1,0 +1,51 @@
+"""Every name that users, manifests and GitOps pipelines rely on (CONTRACT §1–5), in one place."""
+
+from typing import Final
+
+GROUP: Final = "deviceshare.io"
+VERSION: Final = "v1alpha1"
+API_VERSION: Final = f"{GROUP}/{VERSION}"
+KIND: Final = "SharedDeviceGroup"
+PLURAL: Final = "shareddevicegroups"
+SINGULAR: Final = "shareddevicegroup"
+SHORT_NAME: Final = "sdg"
+CATEGORY: Final = "deviceshare"
+
+# Nodes
+NODE_MODE_LABEL: Final = "deviceshare.io/mode"
+NODE_MODE_SHARED: Final = "shared"
+NODE_DEVICES_ANNOTATION: Final = "deviceshare.io/devices"
+
+# Pods
+POD_GROUP_ANNOTATION: Final = "deviceshare.io/device-group"
+POD_GROUP_LABEL: Final = "deviceshare.io/group"
+POD_SELECTED_DEVICES_ANNOTATION: Final = "deviceshare.io/selected-devices"
+POD_ENV_ANNOTATION_PREFIX: Final = "deviceshare.io/env."
+
+# The finalizer that holds a group's deletion until no member runs on its devices.
+GROUP_FINALIZER: Final = "deviceshare.io/release-devices"
+
+# Phases and conditions
+PHASE_PENDING: Final = "Pending"
+PHASE_BOUND: Final = "Bound"
+PHASE_RELEASING: Final = "Releasing"
+CONDITION_SCHEDULED: Final = "Scheduled"
+CONDITION_NODE_LOST: Final = "NodeLost"
+CONDITION_CONFLICT: Final = "DeviceConflict"
+
+# Operator environment
+DEFAULT_SCHEDULER_NAME: Final = "deviceshare-scheduler"
+ENV_SCHEDULER_NAME: Final = "DEVICESHARE_SCHEDULER_NAME"
+ENV_NAMESPACE: Final = "DEVICESHARE_NAMESPACE"
+DEFAULT_NAMESPACE: Final = "deviceshare-system"
+METRICS_PREFIX: Final = "deviceshare_"
+
+
+def env_annotation(env_name: str) -> str:
+    """The pod annotation the downward API reads for one visibility env var."""
+    return f"{POD_ENV_ANNOTATION_PREFIX}{env_name}"
+
+
+def env_field_path(env_name: str) -> str:
+    """The downward-API fieldPath that resolves to :func:`env_annotation`."""
+    return f"metadata.annotations['{env_annotation(env_name)}']"

@@ -1,0 +1,1 @@
+"""The Kopf operator: a secondary scheduler for group pods and the SharedDeviceGroup reconciler."""

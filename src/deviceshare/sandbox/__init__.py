@@ -1,0 +1,1 @@
+"""An embedded Kubernetes API (built on kmock) with simulated GPU nodes, for tests, demo and benchmarks."""

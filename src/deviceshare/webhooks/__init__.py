@@ -1,0 +1,1 @@
+"""The mutating admission webhook that wires device-visibility env vars into group pods."""
