@@ -22,6 +22,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("deviceshare.cli.demo", "sandbox + operator + webhook in one process, with the examples"),
     "inspect": ("deviceshare.cli.inspect", "per-node device map: which group holds which device"),
     "explain": ("deviceshare.cli.explain", "why a pod is pending, in plain words"),
+    "certs": ("deviceshare.webhooks.certs", "generate a self-signed CA and webhook serving certificate"),
 }
 
 
