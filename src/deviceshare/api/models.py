@@ -74,6 +74,12 @@ class GroupStatus(_Model):
     def condition(self, type_: str) -> Condition | None:
         return next((c for c in self.conditions if c.type == type_), None)
 
+    @classmethod
+    def from_k8s(cls, raw: Mapping[str, Any] | None) -> GroupStatus:
+        """Our fields of a status; other writers' fields (Kopf's bookkeeping) are ignored."""
+        known = {f.alias or k for k, f in cls.model_fields.items()}
+        return cls.model_validate({k: v for k, v in (raw or {}).items() if k in known})
+
 
 class SharedDeviceGroup(_Model):
     """A whole object as read from the API (metadata kept as a plain mapping)."""
@@ -96,9 +102,4 @@ class SharedDeviceGroup(_Model):
 
     @classmethod
     def from_k8s(cls, body: Mapping[str, Any]) -> SharedDeviceGroup:
-        status = body.get("status") or {}
-        # Kopf keeps its own bookkeeping under status too; only our fields are modelled.
-        known = {f.alias or k for k, f in GroupStatus.model_fields.items()}
-        return cls.model_validate(
-            {**body, "status": {k: v for k, v in status.items() if k in known}}
-        )
+        return cls.model_validate({**body, "status": GroupStatus.from_k8s(body.get("status"))})

@@ -1,0 +1,45 @@
+"""The operator's settings, read once at start-up and passed down explicitly (no config singletons)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+
+from deviceshare.api import envnames, names
+
+
+@dataclasses.dataclass(frozen=True)
+class OperatorConfig:
+    scheduler_name: str = names.DEFAULT_SCHEDULER_NAME
+    namespace: str = names.DEFAULT_NAMESPACE
+    env_names: envnames.EnvNames = dataclasses.field(default_factory=envnames.EnvNames)
+    kubeconfig: str | None = None
+    # How many pods may be in their API-write phase at once (decisions themselves are serial per group).
+    workers: int = 32
+    # Backoff for a pod that could not be placed: doubles from initial to max; any cluster change that
+    # could help (node added, group released, pod gone) moves parked pods back sooner, after their backoff.
+    backoff_initial: float = 1.0
+    backoff_max: float = 60.0
+    # Parked pods are retried at least this often, even if nothing visible changed.
+    unschedulable_flush: float = 60.0
+    # Coalesce bursts of member changes into one group status write.
+    status_debounce: float = 0.05
+    # Kopf peering: None runs standalone (single replica).
+    peering_name: str | None = None
+    priority: int = 0
+    identity: str | None = None  # this replica's peering identity (generated when None)
+    # A newly elected replica waits this long before rebuilding, so writes the previous leader had
+    # already sent have landed and show in the API.
+    election_settle: float = 2.0
+    metrics_host: str = "0.0.0.0"
+    metrics_port: int | None = 8080
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> OperatorConfig:
+        env = os.environ if environ is None else environ
+        base = cls(
+            scheduler_name=env.get(names.ENV_SCHEDULER_NAME) or names.DEFAULT_SCHEDULER_NAME,
+            namespace=env.get(names.ENV_NAMESPACE) or names.DEFAULT_NAMESPACE,
+        )
+        return dataclasses.replace(base, **overrides)  # type: ignore[arg-type]

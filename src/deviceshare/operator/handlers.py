@@ -1,0 +1,93 @@
+"""Kopf handlers: translate watch events and lifecycle hooks into calls on the :class:`Runtime`.
+
+Thin on purpose. Handlers are registered on a registry passed in, so tests can run several isolated
+operators (e.g. two replicas under peering) in one process. Only ``on.event`` handlers are used:
+Kopf then keeps no progress annotations on pods or groups, and our own finalizer (not Kopf's) guards
+group deletion.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import kopf
+from kubernetes_asyncio import client as k8s
+
+from deviceshare.api import names
+from deviceshare.kube import connecting
+
+from . import storage
+from .config import OperatorConfig
+from .context import Context
+from .metrics import MetricsServer
+from .runtime import Runtime
+
+logger = logging.getLogger("deviceshare.operator")
+
+
+def connection_info(cfg: k8s.Configuration) -> kopf.ConnectionInfo:
+    """Kopf's credentials from the same client configuration our own API client uses."""
+    token = (cfg.api_key or {}).get("authorization") or (cfg.api_key or {}).get("BearerToken")
+    scheme = None
+    if token and " " in token:
+        scheme, token = token.split(" ", 1)
+    return kopf.ConnectionInfo(
+        server=cfg.host,
+        ca_path=cfg.ssl_ca_cert or None,
+        insecure=not cfg.verify_ssl,
+        scheme=scheme or ("Bearer" if token else None),
+        token=token or None,
+        certificate_path=cfg.cert_file or None,
+        private_key_path=cfg.key_file or None,
+    )
+
+
+def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
+    """Register every handler of the operator on ``registry``."""
+
+    @kopf.on.login(registry=registry)  # type: ignore[arg-type]
+    async def login(**_: Any) -> kopf.ConnectionInfo:
+        return connection_info(await connecting.configuration(config.kubeconfig))
+
+    @kopf.on.startup(registry=registry)  # type: ignore[arg-type]
+    async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+        settings.posting.level = logging.WARNING
+        settings.watching.server_timeout = 300
+        settings.watching.client_timeout = 330
+        settings.networking.request_timeout = 30
+        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=names.GROUP)
+        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=names.GROUP)
+        settings.peering.name = config.peering_name or "deviceshare"
+        settings.peering.priority = config.priority
+        api = storage.ClusterApi(await connecting.api_client(config.kubeconfig))
+        ctx = Context(config=config, api=api)
+        runtime = Runtime(ctx)
+        memo.runtime = runtime
+        if config.metrics_port is not None:
+            server = MetricsServer(ctx.metrics, healthy=lambda: runtime.started)
+            await server.start(config.metrics_host, config.metrics_port)
+            memo.metrics_server = server
+        await runtime.start(identity=config.identity)
+
+    @kopf.on.cleanup(registry=registry)  # type: ignore[arg-type]
+    async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+        runtime: Runtime | None = getattr(memo, "runtime", None)
+        if runtime is not None:
+            await runtime.stop()
+            await runtime.ctx.api.close()
+        server: MetricsServer | None = getattr(memo, "metrics_server", None)
+        if server is not None:
+            await server.stop()
+
+    @kopf.on.event("v1", "nodes", registry=registry)  # type: ignore[arg-type]
+    def node_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+        memo.runtime.on_node(event["type"], event["object"])
+
+    @kopf.on.event(names.GROUP, names.VERSION, names.PLURAL, registry=registry)  # type: ignore[arg-type]
+    def group_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+        memo.runtime.on_group(event["type"], event["object"])
+
+    @kopf.on.event("v1", "pods", registry=registry)  # type: ignore[arg-type]
+    def pod_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+        memo.runtime.on_pod(event["type"], event["object"])

@@ -1,0 +1,125 @@
+"""The scheduling queue: pods waiting for a decision, and pods parked because nothing fits.
+
+Modelled on kube-scheduler's queue. Active pods are handed to workers once each (no duplicates).
+A pod that could not be placed is parked with a per-pod exponential backoff; a cluster change that
+could help (a node added or changed, a group released, a pod gone) moves every parked pod back once
+its backoff has passed, and a slow periodic flush catches anything no event announced. Nothing polls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Hashable
+from typing import Generic, TypeVar
+
+K = TypeVar("K", bound=Hashable)
+
+
+class SchedulingQueue(Generic[K]):
+    def __init__(
+        self,
+        *,
+        backoff_initial: float = 1.0,
+        backoff_max: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._active: asyncio.Queue[K] = asyncio.Queue()
+        self._queued: set[K] = set()
+        self._in_flight: set[K] = set()
+        self._dirty: set[K] = set()  # re-added while in flight: run once more when it finishes
+        self._parked: dict[K, float] = {}  # key -> earliest retry time
+        self._attempts: dict[K, int] = {}
+        self._timers: dict[K, asyncio.TimerHandle] = {}
+        self._backoff_initial = backoff_initial
+        self._backoff_max = backoff_max
+        self._clock = clock
+
+    def __len__(self) -> int:
+        return len(self._queued) + len(self._in_flight)
+
+    @property
+    def parked(self) -> int:
+        return len(self._parked)
+
+    def add(self, key: K) -> None:
+        """Make ``key`` due for a decision now (no-op if already queued; re-run if in flight)."""
+        if key in self._in_flight:
+            self._dirty.add(key)
+            return
+        if key in self._queued:
+            return
+        self._unpark(key)
+        self._queued.add(key)
+        self._active.put_nowait(key)
+
+    def forget(self, key: K) -> None:
+        """The pod is bound or gone: drop its backoff history."""
+        self._unpark(key)
+        self._attempts.pop(key, None)
+        self._dirty.discard(key)
+
+    async def get(self) -> K:
+        while True:
+            key = await self._active.get()
+            if key in self._queued:  # skip entries dropped by forget()
+                self._queued.discard(key)
+                self._in_flight.add(key)
+                return key
+
+    def done(self, key: K) -> None:
+        self._in_flight.discard(key)
+        if key in self._dirty:
+            self._dirty.discard(key)
+            self.add(key)
+
+    def park(self, key: K) -> float:
+        """Could not place ``key``: retry after its backoff, or sooner via :meth:`move_parked`."""
+        attempts = self._attempts.get(key, 0) + 1
+        self._attempts[key] = attempts
+        delay = min(self._backoff_initial * 2 ** (attempts - 1), self._backoff_max)
+        self._dirty.discard(key)
+        self._parked[key] = self._clock() + delay
+        return delay
+
+    def retry_later(self, key: K, delay: float) -> None:
+        """A transient failure (API error): try again after ``delay`` regardless of cluster events."""
+        self._dirty.discard(key)
+        self._parked[key] = self._clock() + delay
+        self._schedule_timer(key, delay)
+
+    def move_parked(self) -> int:
+        """Something changed that could help: every parked pod is retried once its backoff passed."""
+        now = self._clock()
+        moved = 0
+        for key, due in list(self._parked.items()):
+            if due <= now:
+                self.add(key)
+                moved += 1
+            else:
+                self._schedule_timer(key, due - now)
+        return moved
+
+    def flush(self) -> int:
+        """Periodic safety net: every parked pod becomes due, whatever its backoff."""
+        keys = list(self._parked)
+        for key in keys:
+            self.add(key)
+        return len(keys)
+
+    def _schedule_timer(self, key: K, delay: float) -> None:
+        if key in self._timers:
+            return
+        loop = asyncio.get_running_loop()
+        self._timers[key] = loop.call_later(delay, self._timer_fired, key)
+
+    def _timer_fired(self, key: K) -> None:
+        self._timers.pop(key, None)
+        if key in self._parked:
+            self.add(key)
+
+    def _unpark(self, key: K) -> None:
+        self._parked.pop(key, None)
+        timer = self._timers.pop(key, None)
+        if timer is not None:
+            timer.cancel()

@@ -1,0 +1,211 @@
+"""Keeps each SharedDeviceGroup's status true to the ledger and its pods, and lets go of devices safely.
+
+Runs under the group's lock, so it never interleaves with a placement of the same group. It decides
+from the ledger (the authority on devices) and the pods (the authority on who runs where):
+- finalizer on every live group, so deletion waits for us;
+- deleting: phase Releasing while a member still runs on the devices, then release and drop the finalizer;
+- node lost (deleted or NotReady): NodeLost condition and event; once no member runs there the devices
+  go back to the ledger and the group returns to Pending, to be placed again by its next pod;
+- member pods whose device annotations were edited by hand get them back from the allocation.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from deviceshare.api import names
+
+from . import state as state_
+from . import statuses, storage
+from .context import Context
+
+logger = logging.getLogger("deviceshare.operator.reconciler")
+
+
+class GroupReconciler:
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+
+    async def reconcile(self, gkey: state_.GroupKey) -> bool:
+        """Bring one group up to date. Returns True if devices were released (parked pods may now fit)."""
+        async with self.ctx.locks.hold(gkey):
+            return await self._reconcile_locked(gkey)
+
+    async def _reconcile_locked(self, gkey: state_.GroupKey) -> bool:
+        ctx = self.ctx
+        group = ctx.state.groups.get(gkey)
+        on_devices = ctx.state.members_on_devices(gkey)
+        allocation = ctx.ledger.allocation(gkey)
+
+        if group is None:
+            # Gone from the API (its finalizer removed by someone else): still never free devices under a pod.
+            if allocation is not None and not on_devices:
+                ctx.ledger.release(gkey)
+                ctx.conflicts.pop(gkey, None)
+                return True
+            return False
+
+        if group.deleting:
+            if on_devices:
+                await self._write_status(group, phase=names.PHASE_RELEASING)
+                return False
+            released = ctx.ledger.release(gkey) is not None
+            self._forget_conflicts(gkey)
+            if names.GROUP_FINALIZER in group.finalizers:
+                await self._set_finalizers(group, [f for f in group.finalizers if f != names.GROUP_FINALIZER])
+            if released:
+                ctx.event(group, "Released", "devices returned; no member pod runs on them any more")
+            ctx.unschedulable.pop(gkey, None)
+            return released
+
+        if names.GROUP_FINALIZER not in group.finalizers:
+            group = await self._set_finalizers(group, [*group.finalizers, names.GROUP_FINALIZER])
+
+        released = False
+        node_lost: str | None = None
+        if allocation is not None:
+            node = ctx.ledger.node(allocation.node)
+            if node is None:
+                node_lost = f"node {allocation.node} no longer exists"
+            elif not node.ready:
+                node_lost = f"node {allocation.node} is not Ready"
+            if node_lost and not on_devices:
+                released = await self._release_lost(group, node_lost)
+                allocation = None
+            else:
+                await self._restore_pod_annotations(gkey, allocation.devices, on_devices)
+
+        await self._write_status(group, node_lost=node_lost if allocation is not None else None)
+        return released
+
+    async def _release_lost(self, group: state_.GroupRecord, why: str) -> bool:
+        """The node is gone or NotReady and nothing runs there: Pending again, status first then ledger."""
+        conditions = statuses.condition(
+            statuses.wire_conditions(group.status.conditions), names.CONDITION_NODE_LOST, "True", "NodeLost",
+            f"{why}; no member was running there, so the devices were released and the group will be "
+            "placed again", group.generation,
+        )
+        conditions = statuses.condition(
+            conditions, names.CONDITION_SCHEDULED, "False", "NodeLost", why, group.generation
+        )
+        body = await self.ctx.api.patch_group_status(
+            group.key,
+            {"phase": names.PHASE_PENDING, "nodeName": None, "allocatedDevices": None, "conditions": conditions},
+        )
+        self.ctx.state.upsert_group(state_.group_record(body))
+        self.ctx.ledger.release(group.key)
+        self.ctx.event(group, "NodeLost", f"{why}; devices released, the group will be placed again", warning=True)
+        return True
+
+    async def _restore_pod_annotations(
+        self, gkey: state_.GroupKey, devices: Any, members: list[state_.PodRecord]
+    ) -> None:
+        want = statuses.device_annotations(devices, self.ctx.config.env_names)
+        want_env = {
+            k[len(names.POD_ENV_ANNOTATION_PREFIX):]: v
+            for k, v in want.items() if k.startswith(names.POD_ENV_ANNOTATION_PREFIX)
+        }
+        for pod in members:
+            if pod.selected_devices == want[names.POD_SELECTED_DEVICES_ANNOTATION] and (
+                not pod.env_annotations or dict(pod.env_annotations) == want_env
+            ):
+                continue
+            stale: dict[str, str | None] = {
+                names.env_annotation(e): None for e in pod.env_annotations if e not in want_env
+            }
+            try:
+                await self.ctx.api.annotate_pod(pod.key, pod.uid, {**stale, **want})
+            except (storage.Gone, storage.Conflict):
+                continue
+            self.ctx.event(
+                pod, "DeviceAnnotationsRestored",
+                "device annotations did not match the group's allocation and were put back", warning=True,
+            )
+
+    async def _set_finalizers(self, group: state_.GroupRecord, finalizers: list[str]) -> state_.GroupRecord:
+        body = await self.ctx.api.set_group_finalizers(
+            group.key, finalizers, resource_version=group.resource_version
+        )
+        record = state_.group_record(body)
+        self.ctx.state.upsert_group(record)
+        return record
+
+    def _forget_conflicts(self, gkey: state_.GroupKey) -> None:
+        for other in self.ctx.conflicts.pop(gkey, set()):
+            peers = self.ctx.conflicts.get(other)
+            if peers is not None:
+                peers.discard(gkey)
+                if not peers:
+                    del self.ctx.conflicts[other]
+
+    async def _write_status(
+        self, group: state_.GroupRecord, *, phase: str | None = None, node_lost: str | None = None
+    ) -> None:
+        ctx = self.ctx
+        gkey = group.key
+        allocation = ctx.ledger.allocation(gkey)
+        live = ctx.state.live_members(gkey)
+        conditions = statuses.wire_conditions(group.status.conditions)
+        gen = group.generation
+
+        if allocation is not None:
+            phase = phase or names.PHASE_BOUND
+            scheduled = ("True", "Bound", f"placed on node {allocation.node} with "
+                         f"{statuses.describe_devices(allocation.devices)}")
+        elif gkey in ctx.unschedulable:
+            phase = phase or names.PHASE_PENDING
+            scheduled = ("False", "Unschedulable", ctx.unschedulable[gkey])
+        else:
+            phase = phase or names.PHASE_PENDING
+            scheduled = ("False", "WaitingForMembers",
+                         "no member pod is waiting; the group is placed when its first pod is scheduled")
+        conds = statuses.condition(conditions, names.CONDITION_SCHEDULED, *scheduled, gen)
+        if node_lost:
+            conds = statuses.condition(
+                conds, names.CONDITION_NODE_LOST, "True", "NodeLost",
+                f"{node_lost}; devices stay held while a member still runs there", gen,
+            )
+        else:
+            conds = statuses.without_condition(conds, names.CONDITION_NODE_LOST)
+        if gkey in ctx.conflicts:
+            others = ", ".join(f"{ns}/{n}" for ns, n in sorted(ctx.conflicts[gkey]))
+            conds = statuses.condition(
+                conds, names.CONDITION_CONFLICT, "True", "DevicesClaimedTwice",
+                f"devices of this group are also claimed by {others}", gen,
+            )
+        else:
+            conds = statuses.without_condition(conds, names.CONDITION_CONFLICT)
+
+        desired: dict[str, Any] = {
+            "phase": phase,
+            "nodeName": allocation.node if allocation else None,
+            "allocatedDevices": (
+                {r: list(ids) for r, ids in sorted(allocation.devices.items())} if allocation else None
+            ),
+            "members": [p.name for p in live],
+            "memberCount": len(live),
+            "observedGeneration": gen,
+            "conditions": conds,
+        }
+        current = group.status
+        unchanged = (
+            current.phase == desired["phase"]
+            and current.node_name == desired["nodeName"]
+            and (current.allocated_devices or None) == desired["allocatedDevices"]
+            and current.members == desired["members"]
+            and current.member_count == desired["memberCount"]
+            and current.observed_generation == gen
+            and statuses.same_conditions(conds, conditions)
+        )
+        if unchanged:
+            return
+        if node_lost and not any(c.type == names.CONDITION_NODE_LOST for c in current.conditions):
+            ctx.event(group, "NodeLost", f"{node_lost}; devices stay held while a member still runs there",
+                      warning=True)
+        try:
+            body = await ctx.api.patch_group_status(gkey, desired)
+        except storage.Gone:
+            return
+        ctx.state.upsert_group(state_.group_record(body))
+

@@ -1,0 +1,329 @@
+"""The running operator: feeds watch events into state, runs scheduling workers and group reconciles.
+
+Kopf handlers call the ``on_*`` methods (synchronous, cheap: they only record and enqueue). Decisions
+happen in worker tasks taking pods off the :class:`~.queue.SchedulingQueue`; group status work happens
+in a debounced reconcile loop. Before any of that starts, :meth:`Runtime.rebuild` reconstructs the
+ledger from the API, so a restarted operator never hands out a device the API shows as taken.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from deviceshare.core import inventory
+from deviceshare.core import ledger as ledgers
+
+from . import rebuild as rebuild_
+from . import state as state_
+from . import storage
+from .context import Context
+from .leadership import Leadership
+from .queueing import SchedulingQueue
+from .reconciler import GroupReconciler
+from .scheduler import PodScheduler, Result
+
+logger = logging.getLogger("deviceshare.operator")
+
+
+class Runtime:
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.scheduler = PodScheduler(ctx)
+        self.reconciler = GroupReconciler(ctx)
+        self.queue: SchedulingQueue[state_.PodKey] = SchedulingQueue(
+            backoff_initial=ctx.config.backoff_initial, backoff_max=ctx.config.backoff_max
+        )
+        self._reconcile_due: set[state_.GroupKey] = set()
+        self._reconcile_wakeup = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._workers: list[asyncio.Task[None]] = []
+        self.started = False
+        self.leadership: Leadership | None = None
+        ctx.metrics.bind_ledger(ctx.ledger)
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    async def start(self, *, identity: str | None = None) -> None:
+        """Standalone: rebuild and schedule now. Peered: stand by until elected (see leadership.py)."""
+        loop = asyncio.get_running_loop()
+        config = self.ctx.config
+        if config.peering_name is None:
+            await self.rebuild()
+            self._start_scheduling()
+        else:
+            name = config.peering_name
+            self.leadership = Leadership(
+                identity=identity or "",
+                priority=config.priority,
+                read_peering=lambda: self.ctx.api.get_peering_status(name),
+                on_elected=self._elected,
+                on_deposed=self._deposed,
+            )
+            self._tasks.append(loop.create_task(self.leadership.run()))
+        self.started = True
+
+    async def _elected(self) -> None:
+        await asyncio.sleep(self.ctx.config.election_settle)
+        await self.rebuild()
+        self._start_scheduling()
+
+    async def _deposed(self) -> None:
+        await self._stop_scheduling()
+
+    def _start_scheduling(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._workers = [loop.create_task(self._worker(i)) for i in range(self.ctx.config.workers)]
+        self._workers.append(loop.create_task(self._reconcile_loop()))
+        self._workers.append(loop.create_task(self._flush_loop()))
+
+    async def _stop_scheduling(self) -> None:
+        """Cancel decisions in flight: a deposed replica must not keep writing."""
+        workers, self._workers = self._workers, []
+        await _cancel(workers)
+        self.queue = SchedulingQueue(
+            backoff_initial=self.ctx.config.backoff_initial, backoff_max=self.ctx.config.backoff_max
+        )
+        self._reconcile_due.clear()
+
+    @property
+    def scheduling(self) -> bool:
+        return bool(self._workers)
+
+    async def stop(self) -> None:
+        self.started = False
+        await self._stop_scheduling()
+        tasks, self._tasks = self._tasks, []
+        await _cancel(tasks)
+        await self.ctx.drain()
+
+    async def rebuild(self) -> ledgers.RebuildReport:
+        """Replace all in-memory state with what the API shows now."""
+        started = time.perf_counter()
+        ctx = self.ctx
+        nodes, groups, pods = await asyncio.gather(
+            ctx.api.list_nodes(), ctx.api.list_groups(), ctx.api.list_pods()
+        )
+        ledger = ledgers.DeviceLedger()
+        for body in nodes:
+            ledger.upsert_node(inventory.node_from_object(body))
+        state = state_.ClusterState()
+        for body in groups:
+            state.upsert_group(state_.group_record(body))
+        for body in pods:
+            pod = state_.pod_record(body)
+            state.upsert_pod(pod)
+            if pod.on_devices and pod.node_name:
+                ledger.account_pod(pod.key, pod.node_name, pod.demand.cpu_milli, pod.demand.memory_bytes)
+        report = ledger.rebuild(rebuild_.claims(state.groups.values(), state.pods.values()))
+
+        ctx.ledger, ctx.state = ledger, state
+        ctx.metrics.bind_ledger(ledger)
+        ctx.conflicts.clear()
+        ctx.unschedulable.clear()
+        for c in report.conflicts:
+            ctx.metrics.device_conflicts.inc()
+            for g in c.groups:
+                ctx.conflicts.setdefault(g, set()).update(o for o in c.groups if o != g)
+        for g, others in ctx.conflicts.items():
+            record = state.groups.get(g)
+            if record is not None:
+                ctx.event(record, "DeviceConflict",
+                          "devices of this group are also claimed by "
+                          + ", ".join(f"{ns}/{n}" for ns, n in sorted(others))
+                          + "; neither keeps them exclusively until one releases", warning=True)
+            logger.error("device conflict: group %s/%s shares devices with %s", *g, sorted(others))
+        for problem in report.problems:
+            logger.warning("rebuild: %s", problem)
+
+        for pod in state.pods.values():
+            if self.scheduler.is_ours(pod):
+                self.queue.add(pod.key)
+        for gkey in state.groups:
+            self._request_reconcile(gkey)
+        elapsed = time.perf_counter() - started
+        ctx.metrics.rebuild_seconds.set(elapsed)
+        logger.info(
+            "ledger rebuilt in %.3fs: %d nodes, %d groups, %d pods, %d allocations, %d conflicts",
+            elapsed, len(nodes), len(groups), len(pods), report.allocations, len(report.conflicts),
+        )
+        return report
+
+    # -- watch events (from Kopf) ---------------------------------------------------------------
+
+    def on_node(self, event_type: str | None, body: Mapping[str, Any]) -> None:
+        ledger = self.ctx.ledger
+        name = str((body.get("metadata") or {}).get("name", ""))
+        if event_type == "DELETED":
+            ledger.remove_node(name)
+            self._reconcile_node_groups(name)
+            return
+        node = inventory.node_from_object(body)
+        old = ledger.node(name)
+        if old == node:
+            return  # a heartbeat: nothing placement cares about changed
+        ledger.upsert_node(node)
+        if old is None or old.ready != node.ready:
+            self._reconcile_node_groups(name)
+        self.queue.move_parked()
+
+    def on_group(self, event_type: str | None, body: Mapping[str, Any]) -> None:
+        group = state_.group_record(body)
+        if event_type == "DELETED":
+            self.ctx.state.groups.pop(group.key, None)
+            self._request_reconcile(group.key)
+            return
+        old = self.ctx.state.groups.get(group.key)
+        if not self.ctx.state.upsert_group(group):
+            return
+        self._request_reconcile(group.key)
+        if old is None or old.generation != group.generation or old.deleting != group.deleting:
+            for pod in self.ctx.state.members(group.key):
+                if self.scheduler.is_ours(pod):
+                    self.queue.add(pod.key)
+
+    def on_pod(self, event_type: str | None, body: Mapping[str, Any]) -> None:
+        ctx = self.ctx
+        if event_type == "DELETED":
+            meta = body.get("metadata") or {}
+            key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
+            old = ctx.state.remove_pod(key)
+            ctx.ledger.forget_pod(key)
+            self.queue.forget(key)
+            if old is not None:
+                if old.group_key is not None:
+                    self._request_reconcile(old.group_key)
+                if old.on_devices:
+                    self.queue.move_parked()
+            return
+        pod = state_.pod_record(body)
+        old = ctx.state.upsert_pod(pod)
+        pod = ctx.state.pods[pod.key]  # as stored (an assumed binding applied)
+        if pod.on_devices and pod.node_name:
+            ctx.ledger.account_pod(pod.key, pod.node_name, pod.demand.cpu_milli, pod.demand.memory_bytes)
+        else:
+            ctx.ledger.forget_pod(pod.key)
+        if self.scheduler.is_ours(pod):
+            self.queue.add(pod.key)
+        else:
+            self.queue.forget(pod.key)
+        if pod.group_key is not None and (old is None or _member_changed(old, pod)):
+            self._request_reconcile(pod.group_key)
+        if old is not None and old.on_devices and not pod.on_devices:
+            self.queue.move_parked()
+
+    # -- workers -------------------------------------------------------------------------------
+
+    async def _worker(self, index: int) -> None:
+        while True:
+            key = await self.queue.get()
+            try:
+                await self._schedule_one(key)
+            except Exception:
+                logger.exception("scheduling pod %s/%s failed", *key)
+                self.queue.retry_later(key, 1.0)
+            finally:
+                self.queue.done(key)
+                self.ctx.metrics.queue_pending.set(len(self.queue))
+                self.ctx.metrics.queue_parked.set(self.queue.parked)
+
+    async def _schedule_one(self, key: state_.PodKey) -> None:
+        outcome = await self.scheduler.schedule(key)
+        self.ctx.metrics.placements.labels(outcome.result.value).inc()
+        pod = self.ctx.state.pods.get(key)
+        if outcome.result is Result.BOUND:
+            self.queue.forget(key)
+            if pod is not None and pod.group_key is not None:
+                self._request_reconcile(pod.group_key)
+        elif outcome.result is Result.SKIPPED:
+            self.queue.forget(key)
+        elif outcome.result is Result.RETRY:
+            self.queue.retry_later(key, outcome.retry_after)
+        elif outcome.result is Result.UNSCHEDULABLE:
+            self.queue.park(key)
+            if pod is not None:
+                await self._report_unschedulable(pod, outcome.message)
+
+    async def _report_unschedulable(self, pod: state_.PodRecord, message: str) -> None:
+        """PodScheduled=False/Unschedulable (written only when it changes) and a FailedScheduling event."""
+        self.ctx.event(pod, "FailedScheduling", message, warning=True)
+        if pod.group_key is not None:
+            self._request_reconcile(pod.group_key)
+        if pod.scheduled_condition == ("False", "Unschedulable", message):
+            return
+        with contextlib.suppress(storage.Gone, storage.Conflict):
+            await self.ctx.api.set_pod_scheduled_condition(
+                pod.key, status="False", reason="Unschedulable", message=message
+            )
+
+    # -- group reconciles -----------------------------------------------------------------------
+
+    def _request_reconcile(self, gkey: state_.GroupKey) -> None:
+        self._reconcile_due.add(gkey)
+        self._reconcile_wakeup.set()
+
+    def _reconcile_node_groups(self, node: str) -> None:
+        for allocation in self.ctx.ledger.allocations():
+            if allocation.node == node:
+                self._request_reconcile(allocation.group)
+
+    async def _reconcile_loop(self) -> None:
+        limit = asyncio.Semaphore(self.ctx.config.workers)
+        running: set[asyncio.Task[None]] = set()
+        while True:
+            await self._reconcile_wakeup.wait()
+            await asyncio.sleep(self.ctx.config.status_debounce)  # coalesce a burst of member changes
+            self._reconcile_wakeup.clear()
+            due, self._reconcile_due = self._reconcile_due, set()
+            for gkey in due:
+                await limit.acquire()
+                task = asyncio.get_running_loop().create_task(self._reconcile_one(gkey, limit))
+                running.add(task)
+                task.add_done_callback(running.discard)
+
+    async def _reconcile_one(self, gkey: state_.GroupKey, limit: asyncio.Semaphore) -> None:
+        try:
+            if await self.reconciler.reconcile(gkey):
+                self.queue.move_parked()
+        except storage.Conflict:
+            # Our copy was stale: re-read it, then try again.
+            with contextlib.suppress(Exception):
+                self.ctx.state.upsert_group(state_.group_record(await self.ctx.api.get_group(gkey)))
+            self._request_reconcile(gkey)
+        except storage.Gone:
+            self.ctx.state.groups.pop(gkey, None)
+            self._request_reconcile(gkey)
+        except Exception:
+            logger.exception("reconciling group %s/%s failed; retrying", *gkey)
+            await asyncio.sleep(1.0)
+            self._request_reconcile(gkey)
+        finally:
+            limit.release()
+
+    async def _flush_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.ctx.config.unschedulable_flush)
+            self.queue.flush()
+
+
+async def _cancel(tasks: list[asyncio.Task[None]]) -> None:
+    for t in tasks:
+        t.cancel()
+    for t in tasks:
+        with contextlib.suppress(asyncio.CancelledError):
+            await t
+
+
+def _member_changed(old: state_.PodRecord, new: state_.PodRecord) -> bool:
+    return (
+        old.node_name != new.node_name
+        or old.phase != new.phase
+        or old.deleting != new.deleting
+        or old.group != new.group
+        or old.selected_devices != new.selected_devices
+        or old.env_annotations != new.env_annotations
+    )

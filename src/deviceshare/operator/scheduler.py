@@ -1,0 +1,217 @@
+"""One scheduling cycle for one pod: decide with the core, persist, annotate, bind — or roll back.
+
+The order is what makes a crash at any step safe:
+1. reserve devices in the ledger (in memory, in flight);
+2. persist the allocation in the group's status, conditional on its resourceVersion — from here on a
+   restarted operator rebuilds the claim from the API;
+3. write the selected devices and env values on the pod (kubelet reads them at container start);
+4. bind the pod to the group's node.
+A failure before step 2 completes releases the reservation. If the pod that placed its group vanishes
+before binding, the group's status is put back to Pending first and only then are the devices released,
+so the API never shows a claim the ledger has already given away.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import logging
+import time
+from typing import Any
+
+import kopf
+
+from deviceshare.api import names
+from deviceshare.core import ledger as ledgers
+from deviceshare.core import placement
+
+from . import state as state_
+from . import statuses, storage
+from .context import Context
+
+logger = logging.getLogger("deviceshare.operator.scheduler")
+
+
+class Result(enum.Enum):
+    BOUND = "bound"
+    UNSCHEDULABLE = "unschedulable"
+    SKIPPED = "skipped"  # not ours, already bound, deleted: nothing to do
+    RETRY = "retry"  # transient API failure
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    result: Result
+    message: str = ""
+    node: str | None = None
+    retry_after: float = 0.0
+
+
+class PodScheduler:
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+
+    def is_ours(self, pod: state_.PodRecord) -> bool:
+        return (
+            pod.scheduler_name == self.ctx.config.scheduler_name
+            and not pod.node_name
+            and not pod.deleting
+            and not pod.terminated
+        )
+
+    async def schedule(self, key: state_.PodKey) -> Outcome:
+        pod = self.ctx.state.pods.get(key)
+        if pod is None or not self.is_ours(pod):
+            return Outcome(Result.SKIPPED)
+        if pod.group_key is None:
+            return Outcome(
+                Result.UNSCHEDULABLE,
+                f"pod has no {names.POD_GROUP_ANNOTATION} annotation; "
+                f"{self.ctx.config.scheduler_name} only schedules members of a SharedDeviceGroup",
+            )
+        started = time.perf_counter()
+        async with self.ctx.locks.hold(pod.group_key):
+            pod = self.ctx.state.pods.get(key)  # it may have changed while we waited
+            if pod is None or not self.is_ours(pod) or pod.group_key is None:
+                return Outcome(Result.SKIPPED)
+            try:
+                outcome = await self._schedule_locked(pod, pod.group_key)
+            except kopf.TemporaryError as e:
+                self.ctx.metrics.api_retries.inc()
+                return Outcome(Result.RETRY, str(e), retry_after=e.delay or 1.0)
+            except storage.Conflict as e:
+                self.ctx.metrics.api_conflicts.inc()
+                return Outcome(Result.RETRY, str(e), retry_after=0.2)
+        if outcome.result is Result.BOUND:
+            self.ctx.metrics.placement_seconds.observe(time.perf_counter() - started)
+        return outcome
+
+    async def _schedule_locked(self, pod: state_.PodRecord, gkey: state_.GroupKey) -> Outcome:
+        ctx = self.ctx
+        group = ctx.state.groups.get(gkey)
+        if group is None:
+            return Outcome(Result.UNSCHEDULABLE, f'SharedDeviceGroup "{gkey[1]}" not found in namespace "{gkey[0]}"')
+        if group.deleting:
+            return Outcome(Result.UNSCHEDULABLE, f'SharedDeviceGroup "{gkey[1]}" is being deleted')
+        if group.spec is None:
+            return Outcome(
+                Result.UNSCHEDULABLE, f'SharedDeviceGroup "{gkey[1]}" has an invalid spec: {group.spec_error}'
+            )
+        if gkey in ctx.conflicts:
+            others = ", ".join(f"{ns}/{n}" for ns, n in sorted(ctx.conflicts[gkey]))
+            return Outcome(
+                Result.UNSCHEDULABLE,
+                f'SharedDeviceGroup "{gkey[1]}" holds devices also claimed by {others}; '
+                "no new member is placed until the conflict is resolved",
+            )
+
+        allocation = ctx.ledger.allocation(gkey)
+        fresh = allocation is None
+        if allocation is None:
+            request = placement.GroupRequest.from_spec(gkey, group.spec)
+            decided = placement.schedule_group(ctx.ledger, request, pod.demand)
+            if isinstance(decided, placement.Unschedulable):
+                ctx.unschedulable[gkey] = decided.message()
+                return Outcome(Result.UNSCHEDULABLE, decided.message())
+            allocation = decided
+            try:
+                body = await self._persist(group, allocation)
+            except BaseException:
+                ctx.ledger.release(gkey)
+                raise
+            allocation = ctx.ledger.commit(gkey)
+            ctx.state.upsert_group(state_.group_record(body))
+            ctx.unschedulable.pop(gkey, None)
+        else:
+            if allocation.state is not ledgers.AllocationState.COMMITTED:
+                return Outcome(Result.RETRY, "group placement in flight", retry_after=0.1)
+            limit = group.spec.max_members
+            if limit:
+                placed = [p for p in ctx.state.members_on_devices(gkey) if p.key != pod.key]
+                if len(placed) >= limit:
+                    return Outcome(
+                        Result.UNSCHEDULABLE,
+                        f'SharedDeviceGroup "{gkey[1]}" already has {len(placed)} running member(s), '
+                        f"its maxMembers is {limit}",
+                    )
+            problem = placement.check_member(ctx.ledger, allocation.node, pod.demand)
+            if problem is not None:
+                return Outcome(Result.UNSCHEDULABLE, f"group is on node {allocation.node}: {problem.message()}")
+
+        annotations = statuses.device_annotations(allocation.devices, ctx.config.env_names)
+        try:
+            await ctx.api.annotate_pod(pod.key, pod.uid, annotations)
+            await ctx.api.bind_pod(pod.key, pod.uid, allocation.node)
+        except (storage.Gone, storage.Conflict, storage.Invalid) as e:
+            # Deleted, recreated under the same name, or bound by someone else: not ours to place now.
+            logger.info("pod %s/%s not bound: %s", *pod.key, e)
+            if fresh and not ctx.state.members_on_devices(gkey):
+                await self._roll_back(gkey, "the pod that placed the group went away before it was bound")
+            return Outcome(Result.SKIPPED, str(e))
+        except BaseException:
+            if fresh and not ctx.state.members_on_devices(gkey):
+                await self._roll_back(gkey, "binding the first member failed; the group will be placed again")
+            raise
+
+        # Seen as bound right away, so the next member counts it before the watch event arrives.
+        ctx.state.assume(pod, allocation.node)
+        ctx.ledger.account_pod(pod.key, allocation.node, pod.demand.cpu_milli, pod.demand.memory_bytes)
+        devices = statuses.describe_devices(allocation.devices)
+        if fresh:
+            ctx.event(group, "Bound", f"Placed on node {allocation.node} with {devices}")
+        ctx.event(
+            pod, "Scheduled",
+            f"Successfully assigned {pod.key[0]}/{pod.key[1]} to {allocation.node} with {devices} "
+            f'(SharedDeviceGroup "{gkey[1]}")',
+        )
+        return Outcome(Result.BOUND, node=allocation.node)
+
+    async def _persist(self, group: state_.GroupRecord, allocation: ledgers.Allocation) -> dict[str, Any]:
+        """Write the allocation into the group's status, conditional on what we last saw of the group."""
+        current = group
+        for _ in range(5):
+            status = {
+                "phase": names.PHASE_BOUND,
+                "nodeName": allocation.node,
+                "allocatedDevices": {r: list(ids) for r, ids in sorted(allocation.devices.items())},
+                "observedGeneration": current.generation,
+                "conditions": statuses.condition(
+                    statuses.wire_conditions(current.status.conditions), names.CONDITION_SCHEDULED, "True", "Bound",
+                    f"placed on node {allocation.node} with {statuses.describe_devices(allocation.devices)}",
+                    current.generation,
+                ),
+            }
+            try:
+                return await self.ctx.api.patch_group_status(
+                    group.key, status, resource_version=current.resource_version
+                )
+            except storage.Conflict:
+                self.ctx.metrics.api_conflicts.inc()
+                current = state_.group_record(await self.ctx.api.get_group(group.key))
+                if current.uid != group.uid or current.deleting or current.spec != group.spec:
+                    raise
+                self.ctx.state.upsert_group(current)
+        raise storage.Conflict(f"status of shareddevicegroup {group.key[0]}/{group.key[1]} kept changing")
+
+    async def _roll_back(self, gkey: state_.GroupKey, why: str) -> None:
+        """Un-place a group none of whose pods got bound: status first, then the ledger."""
+        group = self.ctx.state.groups.get(gkey)
+        status = {
+            "phase": names.PHASE_PENDING,
+            "nodeName": None,
+            "allocatedDevices": None,
+            "conditions": statuses.condition(
+                statuses.wire_conditions(group.status.conditions) if group else [],
+                names.CONDITION_SCHEDULED, "False", "RolledBack", why,
+            ),
+        }
+        try:
+            body = await self.ctx.api.patch_group_status(gkey, status)
+            self.ctx.state.upsert_group(state_.group_record(body))
+        except storage.Gone:
+            pass
+        except Exception:
+            # The API may still show the claim: keep the devices held; the reconciler retries.
+            logger.exception("could not roll back the placement of group %s/%s; devices stay held", *gkey)
+            return
+        self.ctx.ledger.release(gkey)

@@ -1,0 +1,219 @@
+"""What the operator knows about pods and groups, distilled from watch events.
+
+Only the fields scheduling and reconciliation need are kept (not whole bodies): at 10,000 pods the
+difference is most of the operator's memory. Nodes live in the core's DeviceLedger, not here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import pydantic
+
+from deviceshare.api import models, names
+from deviceshare.core import inventory
+
+GroupKey = tuple[str, str]
+PodKey = tuple[str, str]
+
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PodRecord:
+    key: PodKey
+    uid: str
+    group: str | None  # the deviceshare.io/device-group annotation, verbatim
+    scheduler_name: str
+    node_name: str | None
+    phase: str
+    deleting: bool
+    resource_version: str
+    selected_devices: str | None  # the raw annotation
+    env_annotations: Mapping[str, str]  # env name -> value, from deviceshare.io/env.* annotations
+    demand: inventory.PodDemand
+    scheduled_condition: tuple[str, str, str] | None  # (status, reason, message) of PodScheduled
+
+    @property
+    def group_key(self) -> GroupKey | None:
+        return (self.key[0], self.group) if self.group else None
+
+    @property
+    def terminated(self) -> bool:
+        return self.phase in TERMINAL_PHASES
+
+    @property
+    def on_devices(self) -> bool:
+        """Bound and not finished: its containers may be using the group's devices right now."""
+        return bool(self.node_name) and not self.terminated
+
+    @property
+    def name(self) -> str:
+        return self.key[1]
+
+
+def pod_record(body: Mapping[str, Any]) -> PodRecord:
+    meta = body.get("metadata") or {}
+    spec = body.get("spec") or {}
+    status = body.get("status") or {}
+    annotations = meta.get("annotations") or {}
+    prefix = names.POD_ENV_ANNOTATION_PREFIX
+    scheduled = next(
+        (c for c in status.get("conditions") or [] if c.get("type") == "PodScheduled"), None
+    )
+    return PodRecord(
+        key=(meta.get("namespace", ""), meta.get("name", "")),
+        uid=meta.get("uid", ""),
+        group=annotations.get(names.POD_GROUP_ANNOTATION),
+        scheduler_name=spec.get("schedulerName") or "default-scheduler",
+        node_name=spec.get("nodeName") or None,
+        phase=status.get("phase") or "Pending",
+        deleting=bool(meta.get("deletionTimestamp")),
+        resource_version=str(meta.get("resourceVersion", "")),
+        selected_devices=annotations.get(names.POD_SELECTED_DEVICES_ANNOTATION),
+        env_annotations={k[len(prefix):]: v for k, v in annotations.items() if k.startswith(prefix)},
+        demand=inventory.pod_demand(body),
+        scheduled_condition=(
+            (scheduled.get("status", ""), scheduled.get("reason", ""), scheduled.get("message", ""))
+            if scheduled else None
+        ),
+    )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class GroupRecord:
+    key: GroupKey
+    uid: str
+    generation: int
+    resource_version: str
+    spec: models.GroupSpec | None
+    spec_error: str | None  # why the spec could not be used (the schema should have stopped it)
+    status: models.GroupStatus
+    deleting: bool
+    finalizers: tuple[str, ...]
+
+    @property
+    def name(self) -> str:
+        return self.key[1]
+
+
+def group_record(body: Mapping[str, Any]) -> GroupRecord:
+    meta = body.get("metadata") or {}
+    spec: models.GroupSpec | None = None
+    error: str | None = None
+    try:
+        spec = models.GroupSpec.model_validate(body.get("spec") or {})
+    except pydantic.ValidationError as e:
+        error = "; ".join(
+            f"spec.{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors()
+        )
+    try:
+        status = models.GroupStatus.from_k8s(body.get("status"))
+    except pydantic.ValidationError:  # hand-edited beyond the schema: rebuilt by the reconciler
+        status = models.GroupStatus()
+    return GroupRecord(
+        key=(meta.get("namespace", ""), meta.get("name", "")),
+        uid=meta.get("uid", ""),
+        generation=int(meta.get("generation") or 0),
+        resource_version=str(meta.get("resourceVersion", "")),
+        spec=spec,
+        spec_error=error,
+        status=status,
+        deleting=bool(meta.get("deletionTimestamp")),
+        finalizers=tuple(meta.get("finalizers") or ()),
+    )
+
+
+def parse_selected_devices(raw: str | None) -> dict[str, list[str]] | None:
+    """The deviceshare.io/selected-devices annotation -> resource -> IDs; None if absent or malformed."""
+    if not raw:
+        return None
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(data, dict):
+        return None
+    out: dict[str, list[str]] = {}
+    for resource, ids in data.items():
+        if not isinstance(ids, str):
+            return None
+        out[str(resource)] = [i for i in ids.split(",") if i]
+    return out
+
+
+def newer(new_rv: str, old_rv: str) -> bool:
+    """Whether an event is at least as new as what we hold (resourceVersions compare as integers
+    on every API server we know; if one is not an integer we cannot tell, and take the event)."""
+    try:
+        return int(new_rv) >= int(old_rv)
+    except ValueError:
+        return True
+
+
+class ClusterState:
+    """Pods and groups by key, with the group -> member pods index.
+
+    Pods we bound are *assumed* on their node (kube-scheduler's term) until a watch event shows the
+    binding, so an event that predates it cannot make a bound pod look pending again.
+    """
+
+    def __init__(self) -> None:
+        self.pods: dict[PodKey, PodRecord] = {}
+        self.groups: dict[GroupKey, GroupRecord] = {}
+        self._members: dict[GroupKey, set[PodKey]] = {}
+        self._assumed: dict[PodKey, tuple[str, str]] = {}  # key -> (uid, node)
+
+    def assume(self, pod: PodRecord, node: str) -> PodRecord:
+        self._assumed[pod.key] = (pod.uid, node)
+        bound = dataclasses.replace(pod, node_name=node)
+        self.upsert_pod(bound)
+        return bound
+
+    def upsert_group(self, group: GroupRecord) -> bool:
+        """Store ``group`` unless we already hold a newer version of it. Returns whether stored."""
+        old = self.groups.get(group.key)
+        if old is not None and old.uid == group.uid and not newer(group.resource_version, old.resource_version):
+            return False
+        self.groups[group.key] = group
+        return True
+
+    def upsert_pod(self, pod: PodRecord) -> PodRecord | None:
+        assumed = self._assumed.get(pod.key)
+        if assumed is not None:
+            if assumed[0] != pod.uid or pod.node_name:
+                del self._assumed[pod.key]
+            else:
+                pod = dataclasses.replace(pod, node_name=assumed[1])
+        old = self.pods.get(pod.key)
+        if old is not None and old.group_key != pod.group_key and old.group_key is not None:
+            self._members.get(old.group_key, set()).discard(pod.key)
+        self.pods[pod.key] = pod
+        if pod.group_key is not None:
+            self._members.setdefault(pod.group_key, set()).add(pod.key)
+        return old
+
+    def remove_pod(self, key: PodKey) -> PodRecord | None:
+        self._assumed.pop(key, None)
+        old = self.pods.pop(key, None)
+        if old is not None and old.group_key is not None:
+            members = self._members.get(old.group_key)
+            if members is not None:
+                members.discard(key)
+                if not members:
+                    del self._members[old.group_key]
+        return old
+
+    def members(self, group: GroupKey) -> Iterator[PodRecord]:
+        for key in sorted(self._members.get(group, ())):
+            yield self.pods[key]
+
+    def live_members(self, group: GroupKey) -> list[PodRecord]:
+        """Member pods not yet finished (pending ones included)."""
+        return [p for p in self.members(group) if not p.terminated]
+
+    def members_on_devices(self, group: GroupKey) -> list[PodRecord]:
+        return [p for p in self.members(group) if p.on_devices]

@@ -1,0 +1,258 @@
+"""The operator's only door to the API server: every read it makes outside Kopf's watches, and every write.
+
+API exceptions are converted here, once, into errors by intent: ``Conflict`` (stale resourceVersion or
+a precondition failed: re-read and retry), ``Gone`` (the object no longer exists), ``Invalid`` (the API
+refused the content: do not retry) and ``kopf.TemporaryError`` for the rest (retry with backoff).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import secrets
+from collections.abc import Mapping
+from typing import Any
+
+import kopf
+from kubernetes_asyncio import client as k8s
+
+from deviceshare.api import names
+
+logger = logging.getLogger(__name__)
+
+GroupKey = tuple[str, str]
+PodKey = tuple[str, str]
+
+MERGE_PATCH = "application/merge-patch+json"
+STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
+
+
+class Conflict(Exception):
+    """409: the object changed underneath us (or a uid/resourceVersion precondition failed)."""
+
+
+class Gone(Exception):
+    """404: the object was deleted."""
+
+
+class Invalid(Exception):
+    """400/422: the API refused what we sent; retrying the same write cannot help."""
+
+
+def now_rfc3339() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _translate(e: k8s.ApiException, what: str) -> Exception:
+    body = e.body.decode() if isinstance(e.body, bytes) else str(e.body or "")
+    try:
+        message = json.loads(body).get("message", body)
+    except (ValueError, AttributeError):
+        message = body
+    text = f"{what}: {e.status} {message}"
+    if e.status == 409:
+        return Conflict(text)
+    if e.status == 404:
+        return Gone(text)
+    if e.status in (400, 403, 415, 422):
+        return Invalid(text)
+    delay: float | None = None
+    if e.status == 429 and e.headers and e.headers.get("Retry-After", "").isdigit():
+        delay = float(e.headers["Retry-After"])
+    return kopf.TemporaryError(text, delay=delay or 1.0)
+
+
+class ClusterApi:
+    """Reads and writes for one ApiClient (created at start-up, closed at cleanup)."""
+
+    def __init__(self, api_client: k8s.ApiClient) -> None:
+        self._client = api_client
+        self._core = k8s.CoreV1Api(api_client)
+        self._custom = k8s.CustomObjectsApi(api_client)
+
+    async def close(self) -> None:
+        await self._client.close()
+
+    # -- reads ---------------------------------------------------------------------------------
+
+    async def _raw(self, coro: Any, what: str) -> Any:
+        try:
+            resp = await coro
+        except k8s.ApiException as e:
+            raise _translate(e, what) from e
+        try:
+            return json.loads(await resp.read())
+        finally:
+            resp.release()
+
+    async def list_nodes(self) -> list[dict[str, Any]]:
+        data = await self._raw(self._core.list_node(_preload_content=False), "list nodes")
+        return list(data.get("items") or [])
+
+    async def list_pods(self) -> list[dict[str, Any]]:
+        data = await self._raw(
+            self._core.list_pod_for_all_namespaces(_preload_content=False), "list pods"
+        )
+        return list(data.get("items") or [])
+
+    async def list_groups(self) -> list[dict[str, Any]]:
+        data = await self._raw(
+            self._custom.list_cluster_custom_object(
+                names.GROUP, names.VERSION, names.PLURAL, _preload_content=False
+            ),
+            "list shareddevicegroups",
+        )
+        return list(data.get("items") or [])
+
+    async def get_group(self, key: GroupKey) -> dict[str, Any]:
+        data: dict[str, Any] = await self._raw(
+            self._custom.get_namespaced_custom_object(
+                names.GROUP, names.VERSION, key[0], names.PLURAL, key[1], _preload_content=False
+            ),
+            f"get shareddevicegroup {key[0]}/{key[1]}",
+        )
+        return data
+
+    async def get_pod(self, key: PodKey) -> dict[str, Any]:
+        data: dict[str, Any] = await self._raw(
+            self._core.read_namespaced_pod(key[1], key[0], _preload_content=False),
+            f"get pod {key[0]}/{key[1]}",
+        )
+        return data
+
+    async def get_peering_status(self, name: str) -> dict[str, Any] | None:
+        """The peers recorded in Kopf's ClusterKopfPeering object ``name``; None if it does not exist."""
+        try:
+            data = await self._raw(
+                self._custom.get_cluster_custom_object(
+                    "kopf.dev", "v1", "clusterkopfpeerings", name, _preload_content=False
+                ),
+                f"get clusterkopfpeering {name}",
+            )
+        except Gone:
+            return None
+        status = data.get("status")
+        return dict(status) if isinstance(status, dict) else {}
+
+    # -- group writes --------------------------------------------------------------------------
+
+    async def patch_group_status(
+        self, key: GroupKey, status: Mapping[str, Any], *, resource_version: str | None = None
+    ) -> dict[str, Any]:
+        """Merge-patch our status fields; with ``resource_version`` the write is conditional (409 if stale)."""
+        body: dict[str, Any] = {"status": dict(status)}
+        if resource_version:
+            body["metadata"] = {"resourceVersion": resource_version}
+        data: dict[str, Any] = await self._raw(
+            self._custom.patch_namespaced_custom_object_status(
+                names.GROUP, names.VERSION, key[0], names.PLURAL, key[1], body,
+                _content_type=MERGE_PATCH, _preload_content=False,
+            ),
+            f"patch status of shareddevicegroup {key[0]}/{key[1]}",
+        )
+        return data
+
+    async def set_group_finalizers(
+        self, key: GroupKey, finalizers: list[str], *, resource_version: str
+    ) -> dict[str, Any]:
+        """Replace the finalizer list, conditional on resourceVersion so no one else's entry is lost."""
+        body = {"metadata": {"finalizers": finalizers, "resourceVersion": resource_version}}
+        data: dict[str, Any] = await self._raw(
+            self._custom.patch_namespaced_custom_object(
+                names.GROUP, names.VERSION, key[0], names.PLURAL, key[1], body,
+                _content_type=MERGE_PATCH, _preload_content=False,
+            ),
+            f"patch finalizers of shareddevicegroup {key[0]}/{key[1]}",
+        )
+        return data
+
+    # -- pod writes ----------------------------------------------------------------------------
+
+    async def annotate_pod(self, key: PodKey, uid: str, annotations: Mapping[str, str | None]) -> None:
+        """Merge-patch annotations; the uid makes it a precondition (a recreated pod is not touched)."""
+        body = {"metadata": {"uid": uid, "annotations": dict(annotations)}}
+        await self._raw(
+            self._core.patch_namespaced_pod(
+                key[1], key[0], body, _content_type=MERGE_PATCH, _preload_content=False
+            ),
+            f"annotate pod {key[0]}/{key[1]}",
+        )
+
+    async def bind_pod(self, key: PodKey, uid: str, node: str) -> None:
+        body = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": key[1], "namespace": key[0], "uid": uid},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+        }
+        await self._raw(
+            self._core.create_namespaced_pod_binding(key[1], key[0], body, _preload_content=False),
+            f"bind pod {key[0]}/{key[1]} to {node}",
+        )
+
+    async def set_pod_scheduled_condition(
+        self, key: PodKey, *, status: str, reason: str, message: str
+    ) -> None:
+        """PodScheduled condition, merged by type (strategic merge), as kube-scheduler writes it."""
+        body = {
+            "status": {
+                "conditions": [
+                    {
+                        "type": "PodScheduled",
+                        "status": status,
+                        "reason": reason,
+                        "message": message,
+                        "lastTransitionTime": now_rfc3339(),
+                        "lastProbeTime": None,
+                    }
+                ]
+            }
+        }
+        await self._raw(
+            self._core.patch_namespaced_pod_status(
+                key[1], key[0], body, _content_type=STRATEGIC_MERGE_PATCH, _preload_content=False
+            ),
+            f"set PodScheduled on pod {key[0]}/{key[1]}",
+        )
+
+    # -- events --------------------------------------------------------------------------------
+
+    async def emit_event(
+        self,
+        *,
+        kind: str,
+        api_version: str,
+        namespace: str,
+        name: str,
+        uid: str,
+        reason: str,
+        message: str,
+        type_: str = "Normal",
+        component: str = names.DEFAULT_SCHEDULER_NAME,
+    ) -> None:
+        """Best effort, like kube-scheduler's recorder: a lost event is logged, never fatal."""
+        ts = now_rfc3339()
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": f"{name}.{secrets.token_hex(8)}", "namespace": namespace},
+            "involvedObject": {
+                "kind": kind, "apiVersion": api_version, "namespace": namespace, "name": name, "uid": uid,
+            },
+            "reason": reason,
+            "message": message[:1024],
+            "type": type_,
+            "source": {"component": component},
+            "reportingComponent": component,
+            "firstTimestamp": ts,
+            "lastTimestamp": ts,
+            "count": 1,
+        }
+        try:
+            await self._raw(
+                self._core.create_namespaced_event(namespace, body, _preload_content=False),
+                f"event {reason} for {kind} {namespace}/{name}",
+            )
+        except Exception as e:  # events are advisory
+            logger.warning("could not post event %s for %s %s/%s: %s", reason, kind, namespace, name, e)
