@@ -46,9 +46,17 @@ def config_from_args(args: argparse.Namespace) -> OperatorConfig:
     )
 
 
-async def run_operator(config: OperatorConfig, *, stop_flag: asyncio.Event | None = None,
-                       ready_flag: asyncio.Event | None = None) -> None:
-    """Run until ``stop_flag`` is set (or forever): the in-process entry used by the CLI, demo and tests."""
+async def run_operator(
+    config: OperatorConfig,
+    *,
+    stop_flag: asyncio.Event | None = None,
+    ready_flag: asyncio.Event | None = None,
+    memo: kopf.Memo | None = None,
+) -> None:
+    """Run until ``stop_flag`` is set (or forever): the in-process entry used by the CLI, demo and tests.
+
+    ``memo`` receives the runtime objects (``runtime``, ``metrics_server``) once started.
+    """
     if config.identity is None:
         config = dataclasses.replace(
             config, identity=f"{socket.gethostname()}/{os.getpid()}/{secrets.token_hex(3)}"
@@ -64,7 +72,7 @@ async def run_operator(config: OperatorConfig, *, stop_flag: asyncio.Event | Non
         identity=config.identity,  # type: ignore[arg-type]  # kopf's Identity is a NewType of str
         stop_flag=stop_flag,
         ready_flag=ready_flag,
-        memo=kopf.Memo(),
+        memo=memo if memo is not None else kopf.Memo(),
     )
 
 
