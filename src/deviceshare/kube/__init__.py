@@ -1,1 +1,4 @@
-"""Connecting to a cluster the way kubectl does (KUBECONFIG, in-cluster), shared by every command."""
+"""Connecting to a cluster the way kubectl does (KUBECONFIG, in-cluster), shared by every command.
+
+``connecting`` builds an ApiClient; ``watching`` mirrors a collection into memory with list+watch.
+"""

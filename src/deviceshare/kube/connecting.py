@@ -1,0 +1,64 @@
+"""Connecting to a cluster the way kubectl does, so every command finds the same cluster.
+
+Precedence follows client-go's loading rules: an explicit ``--kubeconfig`` path, then the
+``KUBECONFIG`` environment variable (a ``:``-separated list, merged), then ``~/.kube/config``, and
+only when none of those exists the in-cluster service account. ``KUBECONFIG`` is read at call time,
+not at import time as ``kubernetes_asyncio.config`` does, so tests and the demo can point a fresh
+client at a fresh cluster within one process.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from kubernetes_asyncio import client, config
+
+
+class ClusterNotFound(RuntimeError):
+    """Neither a kubeconfig nor an in-cluster service account could be found."""
+
+
+def kubeconfig_paths(kubeconfig: str | None = None) -> list[str]:
+    """The existing kubeconfig files that kubectl would read, in merge order."""
+    if kubeconfig:
+        if not Path(kubeconfig).expanduser().exists():
+            raise ClusterNotFound(f"kubeconfig {kubeconfig!r} does not exist")
+        return [str(Path(kubeconfig).expanduser())]
+    env = os.environ.get("KUBECONFIG", "")
+    if env:
+        return [
+            str(Path(p).expanduser()) for p in env.split(os.pathsep) if p and Path(p).expanduser().exists()
+        ]
+    default = Path("~/.kube/config").expanduser()
+    return [str(default)] if default.exists() else []
+
+
+def in_cluster() -> bool:
+    """Whether this process runs in a pod with a service account (what client-go checks)."""
+    return bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and bool(os.environ.get("KUBERNETES_SERVICE_PORT"))
+
+
+async def configuration(kubeconfig: str | None = None, *, context: str | None = None) -> client.Configuration:
+    """A client configuration resolved with kubectl's precedence (see the module docstring)."""
+    paths = kubeconfig_paths(kubeconfig)
+    cfg = client.Configuration()
+    if paths:
+        await config.load_kube_config(
+            config_file=os.pathsep.join(paths),
+            context=context,
+            client_configuration=cfg,
+            persist_config=False,
+        )
+        return cfg
+    if in_cluster():
+        config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+        return cfg
+    raise ClusterNotFound(
+        "no kubeconfig found (--kubeconfig, KUBECONFIG, ~/.kube/config) and not running in a cluster"
+    )
+
+
+async def api_client(kubeconfig: str | None = None, *, context: str | None = None) -> client.ApiClient:
+    """A new ApiClient; the caller owns it and must ``await close()`` it (or use ``async with``)."""
+    return client.ApiClient(configuration=await configuration(kubeconfig, context=context))

@@ -1,0 +1,278 @@
+"""The admission decision for one pod: AdmissionReview in, AdmissionReview out (CONTRACT §3).
+
+Pure: no I/O, no clock, no globals. Everything the decision needs arrives as arguments: the
+review, a :class:`GroupView` answering from memory, the env-name mapping and the scheduler name.
+The aiohttp server, TLS and the watch-backed cache live in other modules, and the tests call
+:func:`review` directly.
+
+A pod that names a group is mutated to (1) use the deviceshare scheduler, (2) carry the group
+label, and (3) read each visibility env var of the group's resource types from the downward API.
+The patch only adds what is missing, so a reinvoked pod yields an empty patch; an env var that is
+already present with exactly our ``valueFrom`` counts as present. Everything else the contract
+forbids is denied with a message that names the container and the variable or resource at fault.
+The webhook never writes to the API, so ``dryRun`` requests are answered exactly like real ones.
+"""
+
+from __future__ import annotations
+
+import base64
+import enum
+import json
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from deviceshare.api import envnames, models, names
+
+ADMISSION_API_VERSION = "admission.k8s.io/v1"
+RETRY_MESSAGE = "deviceshare webhook is still loading groups; retry the pod creation"
+
+# A group name becomes a label value, so it must be a DNS-1123 label (which is also a valid
+# object name): lowercase alphanumerics and '-', at most 63 characters.
+_GROUP_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_MAX_GROUP_NAME = 63
+
+
+class Warming(enum.Enum):
+    """The group cache has not finished its first list yet: the answer is not known."""
+
+    WARMING = "warming"
+
+
+WARMING = Warming.WARMING
+
+
+class GroupView(Protocol):
+    """What the decision needs to know about the cluster, answered from memory."""
+
+    def group(self, namespace: str, name: str) -> models.GroupSpec | Literal[Warming.WARMING] | None:
+        """The group's spec, ``None`` if no such group exists, ``WARMING`` if not known yet."""
+
+    def member_count(self, namespace: str, name: str) -> int:
+        """Live pods (not terminated, not deleting) already labelled as members of the group."""
+
+
+class MalformedReview(ValueError):
+    """The body is not an AdmissionReview the webhook can answer (HTTP 400)."""
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Allowed with a JSONPatch (possibly empty), or denied with a message and HTTP code."""
+
+    allowed: bool
+    patch: list[dict[str, Any]] = field(default_factory=list)
+    message: str = ""
+    code: int = 200
+    # Why, in one word, for metrics: skipped | unchanged | patched | denied | warming.
+    outcome: str = "skipped"
+
+
+def deny(message: str, *, code: int = 403, outcome: str = "denied") -> Decision:
+    return Decision(allowed=False, message=message, code=code, outcome=outcome)
+
+
+def review(
+    body: Mapping[str, Any],
+    lookup: GroupView,
+    env_names: envnames.EnvNames,
+    scheduler_name: str = names.DEFAULT_SCHEDULER_NAME,
+) -> dict[str, Any]:
+    """The AdmissionReview response for an AdmissionReview request (raises :class:`MalformedReview`)."""
+    return respond(body, decide(body, lookup, env_names, scheduler_name))
+
+
+def decide(
+    body: Mapping[str, Any],
+    lookup: GroupView,
+    env_names: envnames.EnvNames,
+    scheduler_name: str = names.DEFAULT_SCHEDULER_NAME,
+) -> Decision:
+    """The decision alone (raises :class:`MalformedReview`)."""
+    request = _request(body)
+    kind = request.get("kind") or {}
+    if (
+        request.get("operation") != "CREATE"
+        or kind.get("kind") != "Pod"
+        or kind.get("group", "")
+        or request.get("subResource")
+    ):
+        return Decision(allowed=True, outcome="skipped")
+    pod = request.get("object")
+    if not isinstance(pod, Mapping):
+        raise MalformedReview("request.object is not a pod")
+    namespace = str(request.get("namespace") or (pod.get("metadata") or {}).get("namespace") or "")
+    return mutate(pod, namespace, lookup, env_names, scheduler_name)
+
+
+def group_name_of(pod: Mapping[str, Any]) -> str | None:
+    """The group a pod asks to join, or ``None`` if it does not opt in."""
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    value = annotations.get(names.POD_GROUP_ANNOTATION)
+    return None if value is None else str(value)
+
+
+def mutate(
+    pod: Mapping[str, Any],
+    namespace: str,
+    lookup: GroupView,
+    env_names: envnames.EnvNames,
+    scheduler_name: str,
+) -> Decision:
+    """The decision for a pod being created in ``namespace``."""
+    group_name = group_name_of(pod)
+    if group_name is None:
+        return Decision(allowed=True, outcome="skipped")
+    ann = names.POD_GROUP_ANNOTATION
+    if not group_name.strip():
+        return deny(f"annotation {ann} is empty; set it to the name of a SharedDeviceGroup")
+    if len(group_name) > _MAX_GROUP_NAME or not _GROUP_NAME.match(group_name):
+        return deny(
+            f"annotation {ann}={group_name!r} is not a valid group name "
+            f"(lowercase letters, digits and '-', at most {_MAX_GROUP_NAME} characters)"
+        )
+    spec = pod.get("spec") or {}
+    if spec.get("nodeName"):
+        return deny(
+            f"pod already sets spec.nodeName={spec['nodeName']!r}; a pod in device group "
+            f"{group_name!r} must be placed by {scheduler_name}, remove spec.nodeName"
+        )
+    group = lookup.group(namespace, group_name)
+    if group is WARMING:
+        return deny(RETRY_MESSAGE, code=503, outcome="warming")
+    if group is None:
+        return deny(f"SharedDeviceGroup {group_name!r} does not exist in namespace {namespace!r}")
+
+    env = visibility_env(group, env_names)
+    problem = next(_conflicts(spec, group, env), None)
+    if problem:
+        return deny(problem)
+    if group.max_members:
+        members = lookup.member_count(namespace, group_name)
+        if members + 1 > group.max_members:
+            return deny(
+                f"SharedDeviceGroup {group_name!r} already has {members} of its "
+                f"maxMembers={group.max_members} members"
+            )
+    patch = list(_patch(pod, group_name, env, scheduler_name))
+    return Decision(allowed=True, patch=patch, outcome="patched" if patch else "unchanged")
+
+
+def visibility_env(group: models.GroupSpec, env_names: envnames.EnvNames) -> list[str]:
+    """The env var names a group's members get, once each, in resource order."""
+    out: dict[str, None] = {}
+    for resource in group.resources:
+        for env in env_names.for_resource(resource):
+            out[env] = None
+    return list(out)
+
+
+def env_entry(env_name: str) -> dict[str, Any]:
+    """The env entry the webhook injects for one visibility variable."""
+    field_ref = {"apiVersion": "v1", "fieldPath": names.env_field_path(env_name)}
+    return {"name": env_name, "valueFrom": {"fieldRef": field_ref}}
+
+
+def is_injected(entry: Mapping[str, Any]) -> bool:
+    """Whether an env entry is the one :func:`env_entry` makes (the API server may have defaulted
+    ``fieldRef.apiVersion`` to ``v1`` since, or not)."""
+    name = str(entry.get("name"))
+    value_from = entry.get("valueFrom") or {}
+    field_ref = value_from.get("fieldRef") or {}
+    return (
+        "value" not in entry
+        and set(value_from) == {"fieldRef"}
+        and field_ref.get("fieldPath") == names.env_field_path(name)
+        and field_ref.get("apiVersion", "v1") == "v1"
+    )
+
+
+def respond(body: Mapping[str, Any], decision: Decision) -> dict[str, Any]:
+    """Wrap a decision as the AdmissionReview response to ``body``."""
+    uid = _request(body)["uid"]
+    response: dict[str, Any] = {"uid": uid, "allowed": decision.allowed}
+    if not decision.allowed:
+        response["status"] = {
+            "code": decision.code,
+            "message": decision.message,
+            "reason": "ServiceUnavailable" if decision.code == 503 else "Forbidden",
+        }
+    elif decision.patch:
+        response["patchType"] = "JSONPatch"
+        raw = json.dumps(decision.patch, separators=(",", ":")).encode()
+        response["patch"] = base64.b64encode(raw).decode()
+    return {
+        "apiVersion": body.get("apiVersion") or ADMISSION_API_VERSION,
+        "kind": "AdmissionReview",
+        "response": response,
+    }
+
+
+def pointer(*parts: str | int) -> str:
+    """An RFC 6901 JSON pointer: ``~`` becomes ``~0`` and ``/`` becomes ``~1`` in each part."""
+    return "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in parts)
+
+
+def _request(body: Mapping[str, Any]) -> Mapping[str, Any]:
+    if not isinstance(body, Mapping) or body.get("kind") != "AdmissionReview":
+        raise MalformedReview("body is not an AdmissionReview")
+    request = body.get("request")
+    if not isinstance(request, Mapping) or not request.get("uid"):
+        raise MalformedReview("AdmissionReview has no request.uid")
+    return request
+
+
+def _containers(spec: Mapping[str, Any]) -> Iterator[tuple[str, int, Mapping[str, Any]]]:
+    for list_name in ("initContainers", "containers"):
+        for index, container in enumerate(spec.get(list_name) or []):
+            yield list_name, index, container
+
+
+def _conflicts(spec: Mapping[str, Any], group: models.GroupSpec, env: Sequence[str]) -> Iterator[str]:
+    wanted = set(env)
+    for list_name, _, container in _containers(spec):
+        where = (
+            f"{'init container' if list_name == 'initContainers' else 'container'} {container.get('name')!r}"
+        )
+        resources = container.get("resources") or {}
+        for section in ("limits", "requests"):
+            for resource in sorted(set(resources.get(section) or {}) & set(group.resources)):
+                yield (
+                    f"{where} requests {resource} in resources.{section}, but the device group "
+                    f"already provides it; remove it so the device plugin does not allocate it twice"
+                )
+        for entry in container.get("env") or []:
+            name = entry.get("name")
+            if name in wanted and not is_injected(entry):
+                yield (
+                    f"{where} sets env var {name} itself, which would override the devices of the "
+                    f"group; remove it (deviceshare injects it)"
+                )
+
+
+def _patch(
+    pod: Mapping[str, Any], group_name: str, env: Sequence[str], scheduler_name: str
+) -> Iterator[dict[str, Any]]:
+    spec = pod.get("spec") or {}
+    if spec.get("schedulerName") != scheduler_name:
+        yield {"op": "add", "path": pointer("spec", "schedulerName"), "value": scheduler_name}
+    labels = (pod.get("metadata") or {}).get("labels")
+    if not labels:
+        yield {
+            "op": "add",
+            "path": pointer("metadata", "labels"),
+            "value": {names.POD_GROUP_LABEL: group_name},
+        }
+    elif labels.get(names.POD_GROUP_LABEL) != group_name:
+        yield {"op": "add", "path": pointer("metadata", "labels", names.POD_GROUP_LABEL), "value": group_name}
+    for list_name, index, container in _containers(spec):
+        present = {e.get("name") for e in container.get("env") or []}
+        missing = [env_entry(n) for n in env if n not in present]
+        if not missing:
+            continue
+        if not container.get("env"):
+            yield {"op": "add", "path": pointer("spec", list_name, index, "env"), "value": missing}
+        else:
+            for entry in missing:
+                yield {"op": "add", "path": pointer("spec", list_name, index, "env", "-"), "value": entry}

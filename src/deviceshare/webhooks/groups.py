@@ -1,0 +1,160 @@
+"""The webhook's memory of the cluster: groups by name and live members per group.
+
+Admission must answer within its timeout, so it never calls the API; two list+watch loops
+(:class:`deviceshare.kube.watching.Reflector`) keep this index current instead, one over every
+SharedDeviceGroup and one over the pods that carry the ``deviceshare.io/group`` label. Until both
+have finished their first list the index answers ``WARMING`` and the server denies with a message
+that asks for a retry, rather than guessing.
+
+``maxMembers`` is checked here best-effort: two replicas (or two concurrent admissions) may both
+see ``n - 1`` members and admit one pod each. The operator enforces the limit authoritatively when
+it schedules, so an over-admitted pod stays Pending; the webhook's check only catches the common
+case early, with a clearer message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import pydantic
+from kubernetes_asyncio import client
+
+from deviceshare.api import models, names
+from deviceshare.kube import watching
+from deviceshare.webhooks import admission
+
+logger = logging.getLogger(__name__)
+
+Key = tuple[str, str]  # (namespace, name)
+_TERMINATED = frozenset({"Succeeded", "Failed"})
+
+
+def _key(obj: Mapping[str, Any]) -> Key:
+    meta = obj.get("metadata") or {}
+    return str(meta.get("namespace") or ""), str(meta.get("name") or "")
+
+
+class _Groups:
+    """Sink: every group's spec, parsed once when it changes rather than at each admission."""
+
+    def __init__(self) -> None:
+        self.specs: dict[Key, models.GroupSpec] = {}
+
+    def replace(self, objects: list[watching.Object]) -> None:
+        self.specs = {}
+        for obj in objects:
+            self.apply("ADDED", obj)
+
+    def apply(self, event_type: str, obj: watching.Object) -> None:
+        key = _key(obj)
+        if event_type == "DELETED":
+            self.specs.pop(key, None)
+            return
+        try:
+            self.specs[key] = models.GroupSpec.model_validate(obj.get("spec") or {})
+        except pydantic.ValidationError as e:
+            # The CRD schema should have refused it; without a valid spec there is nothing to join.
+            logger.warning("SharedDeviceGroup %s/%s has an invalid spec: %s", *key, e)
+            self.specs.pop(key, None)
+
+
+class _Members:
+    """Sink: which live pods carry which group label."""
+
+    def __init__(self) -> None:
+        self.group_of: dict[Key, str] = {}  # pod key -> group name
+        self.counts: dict[Key, int] = {}  # group key -> live members
+
+    def replace(self, objects: list[watching.Object]) -> None:
+        self.group_of, self.counts = {}, {}
+        for obj in objects:
+            self.apply("ADDED", obj)
+
+    def apply(self, event_type: str, obj: watching.Object) -> None:
+        pod = _key(obj)
+        old = self.group_of.pop(pod, None)
+        if old is not None:
+            self._count((pod[0], old), -1)
+        if event_type == "DELETED" or not _is_live(obj):
+            return
+        group = ((obj.get("metadata") or {}).get("labels") or {}).get(names.POD_GROUP_LABEL)
+        if group:
+            self.group_of[pod] = str(group)
+            self._count((pod[0], str(group)), +1)
+
+    def _count(self, group: Key, delta: int) -> None:
+        n = self.counts.get(group, 0) + delta
+        if n > 0:
+            self.counts[group] = n
+        else:
+            self.counts.pop(group, None)
+
+
+def _is_live(pod: watching.Object) -> bool:
+    if (pod.get("metadata") or {}).get("deletionTimestamp"):
+        return False
+    return (pod.get("status") or {}).get("phase") not in _TERMINATED
+
+
+class GroupIndex:
+    """A :class:`deviceshare.webhooks.admission.GroupView` fed by list+watch (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._groups = _Groups()
+        self._members = _Members()
+        self.reflectors: list[watching.Reflector] = []
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # -- GroupView --------------------------------------------------------------------------
+
+    def group(
+        self, namespace: str, name: str
+    ) -> models.GroupSpec | Literal[admission.Warming.WARMING] | None:
+        if not self.synced:
+            return admission.WARMING
+        return self._groups.specs.get((namespace, name))
+
+    def member_count(self, namespace: str, name: str) -> int:
+        return self._members.counts.get((namespace, name), 0)
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    @property
+    def synced(self) -> bool:
+        return bool(self.reflectors) and all(r.synced.is_set() for r in self.reflectors)
+
+    async def wait_synced(self, timeout_s: float) -> bool:
+        """Whether both caches have their first list, waiting at most ``timeout_s`` in total."""
+        if self.synced:
+            return True
+        waits = [r.synced.wait() for r in self.reflectors]
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.gather(*waits), timeout_s)
+        return self.synced
+
+    def start(self, api: client.ApiClient, *, watch_timeout_s: int = 300) -> None:
+        """Start both list+watch loops on ``api`` (which the caller keeps and closes)."""
+        groups_call = functools.partial(
+            client.CustomObjectsApi(api).list_cluster_custom_object, names.GROUP, names.VERSION, names.PLURAL
+        )
+        pods_call = functools.partial(
+            client.CoreV1Api(api).list_pod_for_all_namespaces, label_selector=names.POD_GROUP_LABEL
+        )
+        self.reflectors = [
+            watching.Reflector(groups_call, self._groups, name=names.PLURAL, watch_timeout_s=watch_timeout_s),
+            watching.Reflector(pods_call, self._members, name="member pods", watch_timeout_s=watch_timeout_s),
+        ]
+        self._tasks = [asyncio.create_task(r.run(), name=f"watch {r.name}") for r in self.reflectors]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []

@@ -1,0 +1,200 @@
+"""The webhook's HTTPS server: routes, readiness, metrics, and an in-process starter.
+
+Stateless apart from caches, so any number of replicas can serve behind one Service. The routes:
+
+- ``POST /mutate-pods``: AdmissionReview in, AdmissionReview out (:mod:`admission` decides);
+- ``GET /healthz``: the process is up; ``GET /readyz``: the group caches have synced and the server
+  is not draining; ``GET /metrics``: Prometheus text.
+
+An opted-in pod that arrives before the caches have synced waits for them a bounded time
+(``warmup_timeout_s``, default 2 s) and is then denied with a message that asks for a retry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from aiohttp import web
+from kubernetes_asyncio import client
+
+from deviceshare.api import envnames, names
+from deviceshare.kube import connecting
+from deviceshare.webhooks import admission, groups, metrics, tls
+
+logger = logging.getLogger(__name__)
+
+MUTATE_PATH = "/mutate-pods"
+DEFAULT_WARMUP_TIMEOUT_S = 2.0
+
+
+class CachedGroups(admission.GroupView, Protocol):
+    """A GroupView that may still be loading."""
+
+    @property
+    def synced(self) -> bool: ...
+
+    async def wait_synced(self, timeout_s: float) -> bool: ...
+
+
+@dataclass
+class Settings:
+    env_names: envnames.EnvNames = field(default_factory=envnames.EnvNames)
+    scheduler_name: str = names.DEFAULT_SCHEDULER_NAME
+    warmup_timeout_s: float = DEFAULT_WARMUP_TIMEOUT_S
+
+
+class Webhook:
+    """The request handlers over one group view."""
+
+    def __init__(
+        self, lookup: CachedGroups, settings: Settings, webhook_metrics: metrics.WebhookMetrics
+    ) -> None:
+        self.lookup = lookup
+        self.settings = settings
+        self.metrics = webhook_metrics
+        self.draining = False
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=8 * 1024 * 1024)
+        app.router.add_post(MUTATE_PATH, self.mutate)
+        app.router.add_get("/healthz", self.healthz)
+        app.router.add_get("/readyz", self.readyz)
+        app.router.add_get("/metrics", self.exposition)
+        return app
+
+    async def mutate(self, request: web.Request) -> web.Response:
+        started = time.perf_counter()
+        try:
+            body = json.loads(await request.read())
+            if not self.lookup.synced and _opted_in(body):
+                await self.lookup.wait_synced(self.settings.warmup_timeout_s)
+            decision = admission.decide(
+                body, self.lookup, self.settings.env_names, self.settings.scheduler_name
+            )
+            answer = admission.respond(body, decision)
+        except (ValueError, admission.MalformedReview) as e:
+            self.metrics.observe("malformed", time.perf_counter() - started)
+            return web.json_response({"error": f"not an AdmissionReview: {e}"}, status=400)
+        self.metrics.observe(decision.outcome, time.perf_counter() - started)
+        return web.json_response(answer, dumps=_dumps)
+
+    async def healthz(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def readyz(self, request: web.Request) -> web.Response:
+        if self.draining:
+            return web.Response(status=503, text="draining")
+        if not self.lookup.synced:
+            return web.Response(status=503, text="group caches not synced yet")
+        return web.Response(text="ok")
+
+    async def exposition(self, request: web.Request) -> web.Response:
+        return web.Response(body=self.metrics.exposition(), headers={"Content-Type": metrics.CONTENT_TYPE})
+
+
+def _opted_in(body: Any) -> bool:
+    obj = ((body or {}).get("request") or {}).get("object") if isinstance(body, dict) else None
+    return isinstance(obj, dict) and admission.group_name_of(obj) is not None
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, separators=(",", ":"))
+
+
+@dataclass
+class RunningWebhook:
+    """A webhook serving in this process; ``await stop()`` shuts it down and closes what it opened."""
+
+    url: str  # https://HOST:PORT, no trailing slash; the mutate endpoint is url + MUTATE_PATH
+    port: int
+    webhook: Webhook
+    reloader: tls.CertificateReloader
+    runner: web.AppRunner
+    index: groups.GroupIndex | None
+    _tasks: list[asyncio.Task[None]]
+    _owned_client: client.ApiClient | None
+
+    @property
+    def mutate_url(self) -> str:
+        return self.url + MUTATE_PATH
+
+    async def stop(self) -> None:
+        self.webhook.draining = True
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.runner.cleanup()
+        if self.index is not None:
+            await self.index.stop()
+        if self._owned_client is not None:
+            await self._owned_client.close()
+
+
+async def start_webhook(
+    *,
+    tls_cert: str | Path,
+    tls_key: str | Path,
+    api_client: client.ApiClient | None = None,
+    kubeconfig: str | None = None,
+    lookup: CachedGroups | None = None,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    env_names: envnames.EnvNames | None = None,
+    scheduler_name: str = names.DEFAULT_SCHEDULER_NAME,
+    warmup_timeout_s: float = DEFAULT_WARMUP_TIMEOUT_S,
+    reload_interval_s: float = 5.0,
+    watch_timeout_s: int = 300,
+) -> RunningWebhook:
+    """Serve the webhook over TLS on ``host:port`` (0 picks a free port) until ``stop()``.
+
+    Groups come from ``lookup`` if given (tests, benchmarks), else from a watch-backed
+    :class:`groups.GroupIndex` over ``api_client`` (kept open; the caller owns it) or over a client
+    built from ``kubeconfig`` / ``KUBECONFIG`` / in-cluster config (closed by ``stop()``).
+    """
+    owned: client.ApiClient | None = None
+    index: groups.GroupIndex | None = None
+    if lookup is None:
+        if api_client is None:
+            api_client = owned = await connecting.api_client(kubeconfig)
+        index = groups.GroupIndex()
+        index.start(api_client, watch_timeout_s=watch_timeout_s)
+        lookup = index
+    webhook_metrics = metrics.WebhookMetrics(synced=lambda: bool(lookup.synced))
+    settings = Settings(
+        env_names=env_names or envnames.EnvNames(),
+        scheduler_name=scheduler_name,
+        warmup_timeout_s=warmup_timeout_s,
+    )
+    webhook = Webhook(lookup, settings, webhook_metrics)
+    context = tls.server_context(tls_cert, tls_key)
+    reloader = tls.CertificateReloader(
+        context,
+        tls_cert,
+        tls_key,
+        interval_s=reload_interval_s,
+        on_reload=webhook_metrics.certificate_reloaded,
+    )
+    runner = web.AppRunner(webhook.app(), access_log=None, shutdown_timeout=5.0)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, ssl_context=context)
+    await site.start()
+    bound_port = int(runner.addresses[0][1])
+    url_host = f"[{host}]" if ":" in host else host
+    tasks = [asyncio.create_task(reloader.run(), name="tls reload")]
+    logger.info("deviceshare webhook serving on https://%s:%d%s", url_host, bound_port, MUTATE_PATH)
+    return RunningWebhook(
+        url=f"https://{url_host}:{bound_port}",
+        port=bound_port,
+        webhook=webhook,
+        reloader=reloader,
+        runner=runner,
+        index=index,
+        _tasks=tasks,
+        _owned_client=owned,
+    )

@@ -1,0 +1,171 @@
+"""A minimal Kubernetes API for the webhook's caches: list (paged) and watch of two collections.
+
+Only what the group cache uses: ``GET /api/v1/pods`` (with an ``exists`` label selector) and
+``GET /apis/deviceshare.io/v1alpha1/shareddevicegroups``, each with ``limit``/``continue``,
+``watch``, ``resourceVersion`` and ``timeoutSeconds``. Tests drive it directly: put and delete
+objects, compact history (so old resourceVersions get 410 Gone), end every open watch, make the
+next requests fail, or slow the lists down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+from typing import Any
+
+from aiohttp import web
+
+from deviceshare.api import names
+
+PODS = "pods"
+GROUPS = names.PLURAL
+_PATHS = {PODS: "/api/v1/pods", GROUPS: f"/apis/{names.GROUP}/{names.VERSION}/{names.PLURAL}"}
+
+
+class FakeApi:
+    def __init__(self) -> None:
+        self.rv = 100
+        self.objects: dict[str, dict[tuple[str, str], dict[str, Any]]] = {PODS: {}, GROUPS: {}}
+        self.history: list[tuple[int, str, str, dict[str, Any]]] = []  # rv, collection, type, object
+        self.oldest_rv = 0  # watches from before this version get 410
+        self.watchers: list[tuple[str, asyncio.Queue[tuple[str, dict[str, Any]] | None]]] = []
+        self.fail_next = 0  # answer that many requests with 500
+        self.list_delay_s = 0.0
+        self.requests: list[tuple[str, dict[str, str]]] = []
+        self.url = ""
+        self._runner: web.AppRunner | None = None
+
+    # -- test controls ----------------------------------------------------------------------
+
+    def put(self, collection: str, obj: dict[str, Any]) -> dict[str, Any]:
+        obj = copy.deepcopy(obj)
+        meta = obj.setdefault("metadata", {})
+        key = (meta.get("namespace", ""), meta["name"])
+        event = "MODIFIED" if key in self.objects[collection] else "ADDED"
+        self.rv += 1
+        meta["resourceVersion"] = str(self.rv)
+        self.objects[collection][key] = obj
+        self._emit(collection, event, obj)
+        return obj
+
+    def delete(self, collection: str, namespace: str, name: str) -> None:
+        obj = self.objects[collection].pop((namespace, name))
+        self.rv += 1
+        obj = {**obj, "metadata": {**obj["metadata"], "resourceVersion": str(self.rv)}}
+        self._emit(collection, "DELETED", obj)
+
+    def compact(self) -> None:
+        """Forget history: resuming from any version seen so far now gets 410 Gone."""
+        self.oldest_rv = self.rv + 1
+        self.history.clear()
+
+    def end_watches(self) -> None:
+        """Close every open watch, as the server does when timeoutSeconds passes."""
+        for _, queue in self.watchers:
+            queue.put_nowait(None)
+
+    def watch_count(self, collection: str) -> int:
+        return sum(1 for c, _ in self.watchers if c == collection)
+
+    def _emit(self, collection: str, event: str, obj: dict[str, Any]) -> None:
+        self.history.append((self.rv, collection, event, obj))
+        for c, queue in self.watchers:
+            if c == collection and self._selected(collection, obj, queue):
+                queue.put_nowait((event, obj))
+
+    def _selected(self, collection: str, obj: dict[str, Any], _: object = None) -> bool:
+        return collection != PODS or names.POD_GROUP_LABEL in (obj["metadata"].get("labels") or {})
+
+    # -- server -----------------------------------------------------------------------------
+
+    async def start(self) -> str:
+        app = web.Application()
+        for collection, path in _PATHS.items():
+            app.router.add_get(path, self._handler(collection))
+        self._runner = web.AppRunner(app, shutdown_timeout=0.1)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
+        return self.url
+
+    async def stop(self) -> None:
+        self.end_watches()
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    def _handler(self, collection: str) -> Any:
+        async def handle(request: web.Request) -> web.StreamResponse:
+            query = dict(request.query)
+            self.requests.append((collection, query))
+            if collection == PODS and query.get("labelSelector") not in (None, names.POD_GROUP_LABEL):
+                return web.json_response({"message": "only the group-label selector is faked"}, status=400)
+            if self.fail_next > 0:
+                self.fail_next -= 1
+                return web.json_response({"kind": "Status", "code": 500, "message": "boom"}, status=500)
+            if query.get("watch") in ("true", "True", "1"):
+                return await self._watch(request, collection, query)
+            if self.list_delay_s:
+                await asyncio.sleep(self.list_delay_s)
+            return self._list(collection, query)
+
+        return handle
+
+    def _list(self, collection: str, query: dict[str, str]) -> web.Response:
+        items = [o for o in self.objects[collection].values() if self._selected(collection, o)]
+        start = int(query.get("continue") or 0)
+        limit = int(query.get("limit") or 0) or len(items) or 1
+        page = items[start : start + limit]
+        meta: dict[str, Any] = {"resourceVersion": str(self.rv)}
+        if start + limit < len(items):
+            meta["continue"] = str(start + limit)
+        return web.json_response({"kind": "List", "metadata": meta, "items": page})
+
+    async def _watch(
+        self, request: web.Request, collection: str, query: dict[str, str]
+    ) -> web.StreamResponse:
+        resp = web.StreamResponse()
+        resp.content_type = "application/json"
+        await resp.prepare(request)
+        since = int(query.get("resourceVersion") or self.rv)
+        if since < self.oldest_rv - 1:
+            status = {"kind": "Status", "code": 410, "reason": "Expired", "message": f"too old: {since}"}
+            await resp.write(json.dumps({"type": "ERROR", "object": status}).encode() + b"\n")
+            return resp
+        queue: asyncio.Queue[tuple[str, dict[str, Any]] | None] = asyncio.Queue()
+        for rv, c, event, obj in self.history:
+            if c == collection and rv > since and self._selected(collection, obj):
+                queue.put_nowait((event, obj))
+        entry = (collection, queue)
+        self.watchers.append(entry)
+        try:
+            while (item := await queue.get()) is not None:
+                await resp.write(json.dumps({"type": item[0], "object": item[1]}).encode() + b"\n")
+        finally:
+            self.watchers.remove(entry)
+        return resp
+
+
+def group(namespace: str, name: str, resources: dict[str, int] | None = None, **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": names.API_VERSION,
+        "kind": names.KIND,
+        "metadata": {"namespace": namespace, "name": name},
+        "spec": {"resources": resources or {"nvidia.com/gpu": 1}, **spec},
+    }
+
+
+def member(namespace: str, name: str, group_name: str, phase: str = "Pending", **meta: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "namespace": namespace,
+            "name": name,
+            "labels": {names.POD_GROUP_LABEL: group_name},
+            **meta,
+        },
+        "spec": {"containers": [{"name": "main", "image": "busybox"}]},
+        "status": {"phase": phase},
+    }
