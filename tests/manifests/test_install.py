@@ -12,9 +12,9 @@ from typing import Any
 import celpy
 import pytest
 import yaml
+from tests.manifests import kube_objects
 
 from deviceshare.api import envnames, names
-from tests.manifests import kube_objects
 
 NS = "deviceshare-system"
 IMAGE = "ghcr.io/deviceshare/deviceshare:0.1.0"

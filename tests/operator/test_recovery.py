@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from deviceshare.api import names
 from tests.operator.conftest import start_operator, test_config
 from tests.operator.kube import Kube, selected
+
+from deviceshare.api import names
 
 GPU = "nvidia.com/gpu"
 

@@ -7,10 +7,10 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 from kubernetes_asyncio import client
-
-from deviceshare.webhooks import admission, groups
 from tests.webhooks import fakeapi
 from tests.webhooks.fakeapi import GROUPS, PODS
+
+from deviceshare.webhooks import admission, groups
 
 
 async def until(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:

@@ -33,7 +33,7 @@ def connection_info(cfg: k8s.Configuration) -> kopf.ConnectionInfo:
     if token and " " in token:
         scheme, token = token.split(" ", 1)
     return kopf.ConnectionInfo(
-        server=cfg.host,
+        server=str(cfg.host),
         ca_path=cfg.ssl_ca_cert or None,
         insecure=not cfg.verify_ssl,
         scheme=scheme or ("Bearer" if token else None),
@@ -46,11 +46,11 @@ def connection_info(cfg: k8s.Configuration) -> kopf.ConnectionInfo:
 def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
     """Register every handler of the operator on ``registry``."""
 
-    @kopf.on.login(registry=registry)  # type: ignore[arg-type]
+    @kopf.on.login(registry=registry)
     async def login(**_: Any) -> kopf.ConnectionInfo:
         return connection_info(await connecting.configuration(config.kubeconfig))
 
-    @kopf.on.startup(registry=registry)  # type: ignore[arg-type]
+    @kopf.on.startup(registry=registry)
     async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
         settings.posting.level = logging.WARNING
         settings.watching.server_timeout = 300
@@ -70,7 +70,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
             memo.metrics_server = server
         await runtime.start(identity=config.identity)
 
-    @kopf.on.cleanup(registry=registry)  # type: ignore[arg-type]
+    @kopf.on.cleanup(registry=registry)
     async def cleanup(memo: kopf.Memo, **_: Any) -> None:
         runtime: Runtime | None = getattr(memo, "runtime", None)
         if runtime is not None:
@@ -80,14 +80,14 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
         if server is not None:
             await server.stop()
 
-    @kopf.on.event("v1", "nodes", registry=registry)  # type: ignore[arg-type]
+    @kopf.on.event("v1", "nodes", registry=registry)
     def node_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
         memo.runtime.on_node(event["type"], event["object"])
 
-    @kopf.on.event(names.GROUP, names.VERSION, names.PLURAL, registry=registry)  # type: ignore[arg-type]
+    @kopf.on.event(names.GROUP, names.VERSION, names.PLURAL, registry=registry)
     def group_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
         memo.runtime.on_group(event["type"], event["object"])
 
-    @kopf.on.event("v1", "pods", registry=registry)  # type: ignore[arg-type]
+    @kopf.on.event("v1", "pods", registry=registry)
     def pod_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
         memo.runtime.on_pod(event["type"], event["object"])

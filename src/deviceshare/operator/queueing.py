@@ -77,7 +77,7 @@ class SchedulingQueue(Generic[K]):
         """Could not place ``key``: retry after its backoff, or sooner via :meth:`move_parked`."""
         attempts = self._attempts.get(key, 0) + 1
         self._attempts[key] = attempts
-        delay = min(self._backoff_initial * 2 ** (attempts - 1), self._backoff_max)
+        delay = float(min(self._backoff_initial * 2 ** (attempts - 1), self._backoff_max))
         self._dirty.discard(key)
         self._parked[key] = self._clock() + delay
         return delay

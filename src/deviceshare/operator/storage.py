@@ -68,17 +68,28 @@ class ClusterApi:
 
     def __init__(self, api_client: k8s.ApiClient) -> None:
         self._client = api_client
-        self._core = k8s.CoreV1Api(api_client)
-        self._custom = k8s.CustomObjectsApi(api_client)
 
     async def close(self) -> None:
         await self._client.close()
 
-    # -- reads ---------------------------------------------------------------------------------
-
-    async def _raw(self, coro: Any, what: str) -> Any:
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        what: str,
+        body: Any = None,
+        *,
+        content_type: str = "application/json",
+    ) -> Any:
         try:
-            resp = await coro
+            resp = await self._client.call_api(
+                path, method,
+                header_params={"Content-Type": content_type, "Accept": "application/json"},
+                body=body,
+                auth_settings=["BearerToken"],
+                _preload_content=False,
+                _return_http_data_only=True,
+            )
         except k8s.ApiException as e:
             raise _translate(e, what) from e
         try:
@@ -86,49 +97,27 @@ class ClusterApi:
         finally:
             resp.release()
 
+    # -- reads ---------------------------------------------------------------------------------
+
     async def list_nodes(self) -> list[dict[str, Any]]:
-        data = await self._raw(self._core.list_node(_preload_content=False), "list nodes")
-        return list(data.get("items") or [])
+        return list((await self._call("GET", "/api/v1/nodes", "list nodes")).get("items") or [])
 
     async def list_pods(self) -> list[dict[str, Any]]:
-        data = await self._raw(
-            self._core.list_pod_for_all_namespaces(_preload_content=False), "list pods"
-        )
-        return list(data.get("items") or [])
+        return list((await self._call("GET", "/api/v1/pods", "list pods")).get("items") or [])
 
     async def list_groups(self) -> list[dict[str, Any]]:
-        data = await self._raw(
-            self._custom.list_cluster_custom_object(
-                names.GROUP, names.VERSION, names.PLURAL, _preload_content=False
-            ),
-            "list shareddevicegroups",
-        )
+        data = await self._call("GET", f"/apis/{names.API_VERSION}/{names.PLURAL}", "list shareddevicegroups")
         return list(data.get("items") or [])
 
     async def get_group(self, key: GroupKey) -> dict[str, Any]:
-        data: dict[str, Any] = await self._raw(
-            self._custom.get_namespaced_custom_object(
-                names.GROUP, names.VERSION, key[0], names.PLURAL, key[1], _preload_content=False
-            ),
-            f"get shareddevicegroup {key[0]}/{key[1]}",
-        )
-        return data
-
-    async def get_pod(self, key: PodKey) -> dict[str, Any]:
-        data: dict[str, Any] = await self._raw(
-            self._core.read_namespaced_pod(key[1], key[0], _preload_content=False),
-            f"get pod {key[0]}/{key[1]}",
-        )
+        data: dict[str, Any] = await self._call("GET", _group_path(key), f"get shareddevicegroup {key[0]}/{key[1]}")
         return data
 
     async def get_peering_status(self, name: str) -> dict[str, Any] | None:
         """The peers recorded in Kopf's ClusterKopfPeering object ``name``; None if it does not exist."""
         try:
-            data = await self._raw(
-                self._custom.get_cluster_custom_object(
-                    "kopf.dev", "v1", "clusterkopfpeerings", name, _preload_content=False
-                ),
-                f"get clusterkopfpeering {name}",
+            data = await self._call(
+                "GET", f"/apis/kopf.dev/v1/clusterkopfpeerings/{name}", f"get clusterkopfpeering {name}"
             )
         except Gone:
             return None
@@ -144,12 +133,9 @@ class ClusterApi:
         body: dict[str, Any] = {"status": dict(status)}
         if resource_version:
             body["metadata"] = {"resourceVersion": resource_version}
-        data: dict[str, Any] = await self._raw(
-            self._custom.patch_namespaced_custom_object_status(
-                names.GROUP, names.VERSION, key[0], names.PLURAL, key[1], body,
-                _content_type=MERGE_PATCH, _preload_content=False,
-            ),
-            f"patch status of shareddevicegroup {key[0]}/{key[1]}",
+        data: dict[str, Any] = await self._call(
+            "PATCH", _group_path(key) + "/status", f"patch status of shareddevicegroup {key[0]}/{key[1]}",
+            body, content_type=MERGE_PATCH,
         )
         return data
 
@@ -158,12 +144,9 @@ class ClusterApi:
     ) -> dict[str, Any]:
         """Replace the finalizer list, conditional on resourceVersion so no one else's entry is lost."""
         body = {"metadata": {"finalizers": finalizers, "resourceVersion": resource_version}}
-        data: dict[str, Any] = await self._raw(
-            self._custom.patch_namespaced_custom_object(
-                names.GROUP, names.VERSION, key[0], names.PLURAL, key[1], body,
-                _content_type=MERGE_PATCH, _preload_content=False,
-            ),
-            f"patch finalizers of shareddevicegroup {key[0]}/{key[1]}",
+        data: dict[str, Any] = await self._call(
+            "PATCH", _group_path(key), f"patch finalizers of shareddevicegroup {key[0]}/{key[1]}",
+            body, content_type=MERGE_PATCH,
         )
         return data
 
@@ -172,11 +155,8 @@ class ClusterApi:
     async def annotate_pod(self, key: PodKey, uid: str, annotations: Mapping[str, str | None]) -> None:
         """Merge-patch annotations; the uid makes it a precondition (a recreated pod is not touched)."""
         body = {"metadata": {"uid": uid, "annotations": dict(annotations)}}
-        await self._raw(
-            self._core.patch_namespaced_pod(
-                key[1], key[0], body, _content_type=MERGE_PATCH, _preload_content=False
-            ),
-            f"annotate pod {key[0]}/{key[1]}",
+        await self._call(
+            "PATCH", _pod_path(key), f"annotate pod {key[0]}/{key[1]}", body, content_type=MERGE_PATCH
         )
 
     async def bind_pod(self, key: PodKey, uid: str, node: str) -> None:
@@ -186,10 +166,7 @@ class ClusterApi:
             "metadata": {"name": key[1], "namespace": key[0], "uid": uid},
             "target": {"apiVersion": "v1", "kind": "Node", "name": node},
         }
-        await self._raw(
-            self._core.create_namespaced_pod_binding(key[1], key[0], body, _preload_content=False),
-            f"bind pod {key[0]}/{key[1]} to {node}",
-        )
+        await self._call("POST", _pod_path(key) + "/binding", f"bind pod {key[0]}/{key[1]} to {node}", body)
 
     async def set_pod_scheduled_condition(
         self, key: PodKey, *, status: str, reason: str, message: str
@@ -209,11 +186,9 @@ class ClusterApi:
                 ]
             }
         }
-        await self._raw(
-            self._core.patch_namespaced_pod_status(
-                key[1], key[0], body, _content_type=STRATEGIC_MERGE_PATCH, _preload_content=False
-            ),
-            f"set PodScheduled on pod {key[0]}/{key[1]}",
+        await self._call(
+            "PATCH", _pod_path(key) + "/status", f"set PodScheduled on pod {key[0]}/{key[1]}",
+            body, content_type=STRATEGIC_MERGE_PATCH,
         )
 
     # -- events --------------------------------------------------------------------------------
@@ -250,9 +225,16 @@ class ClusterApi:
             "count": 1,
         }
         try:
-            await self._raw(
-                self._core.create_namespaced_event(namespace, body, _preload_content=False),
-                f"event {reason} for {kind} {namespace}/{name}",
+            await self._call(
+                "POST", f"/api/v1/namespaces/{namespace}/events", f"event {reason} for {kind} {namespace}/{name}", body
             )
         except Exception as e:  # events are advisory
             logger.warning("could not post event %s for %s %s/%s: %s", reason, kind, namespace, name, e)
+
+
+def _group_path(key: GroupKey) -> str:
+    return f"/apis/{names.API_VERSION}/namespaces/{key[0]}/{names.PLURAL}/{key[1]}"
+
+
+def _pod_path(key: PodKey) -> str:
+    return f"/api/v1/namespaces/{key[0]}/pods/{key[1]}"
