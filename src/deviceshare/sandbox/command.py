@@ -1,13 +1,64 @@
-"""`deviceshare sandbox`: not built yet (issue 3)."""
+"""``deviceshare sandbox``: run the local cluster until Ctrl-C and tell the user how to reach it."""
+
+from __future__ import annotations
 
 import argparse
-import sys
+import asyncio
+import contextlib
+import signal
+from pathlib import Path
+
+from deviceshare.sandbox import cluster
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    pass
+    parser.add_argument("--nodes", type=int, default=4, help="simulated GPU nodes (default 4)")
+    parser.add_argument("--gpus", type=int, default=8, help="devices per node (default 8)")
+    parser.add_argument("--resource", default="nvidia.com/gpu", help="extended resource the nodes offer")
+    parser.add_argument("--port", type=int, default=0, help="API port on 127.0.0.1 (default: any free port)")
+    parser.add_argument(
+        "--kubeconfig",
+        type=Path,
+        default=Path(".sandbox/kubeconfig"),
+        help="where to write the kubeconfig (default .sandbox/kubeconfig)",
+    )
+    parser.add_argument(
+        "--crds", type=Path, default=None, help="folder of CRD YAML to serve (default: crds/)"
+    )
+    parser.add_argument(
+        "--kubelet-delay",
+        type=float,
+        default=0.5,
+        help="seconds from binding to Running (0 disables the kubelet simulation)",
+    )
+
+
+async def serve(args: argparse.Namespace, ready: asyncio.Event | None = None) -> None:
+    sandbox = cluster.Sandbox(
+        nodes=args.nodes,
+        gpus=args.gpus,
+        resource=args.resource,
+        port=args.port,
+        kubeconfig_path=args.kubeconfig.resolve(),
+        crds=args.crds,
+        kubelet_delay=args.kubelet_delay,
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    async with sandbox:
+        print(
+            f"sandbox API at {sandbox.url} with {args.nodes} nodes x {args.gpus} {args.resource}", flush=True
+        )
+        print(f"kubeconfig: {sandbox.kubeconfig}", flush=True)
+        print(f"export KUBECONFIG={sandbox.kubeconfig}", flush=True)
+        if ready is not None:
+            ready.set()
+        await stop.wait()
 
 
 def run(args: argparse.Namespace) -> int:
-    print("deviceshare sandbox: not available yet (issue 3)", file=sys.stderr)
-    return 2
+    asyncio.run(serve(args))
+    return 0

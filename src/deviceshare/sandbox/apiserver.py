@@ -1,0 +1,399 @@
+"""The HTTP face of the sandbox: a kmock handler that routes Kubernetes API requests to the store.
+
+kmock gives the server (aiohttp on a loopback port), request parsing and its reaction DSL;
+reactions added with that DSL (``sandbox.api[...] << ...``) still take precedence, so tests can
+script odd answers. Everything else is routed here the way kube-apiserver routes it: discovery,
+CRUD on collections and objects, ``status`` and ``binding`` subresources, watches with
+resourceVersion resume, bookmarks, 410 Gone and ``timeoutSeconds``, and Table output.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import aiohttp.web
+import kmock
+import yaml
+
+from deviceshare.sandbox import (
+    admission,
+    catalog,
+    discovery,
+    errors,
+    faults,
+    patches,
+    selectors,
+    store,
+    tables,
+)
+
+_REQUEST_LOG_LIMIT = 2000
+INITIAL_EVENTS_END = "k8s.io/initial-events-end"
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    group: str
+    version: str
+    plural: str | None = None
+    namespace: str | None = None
+    name: str | None = None
+    subresource: str | None = None
+
+
+def parse_path(path: str) -> Target | None:
+    parts = [p for p in path.split("/") if p]
+    if len(parts) >= 2 and parts[0] == "api":
+        group, version, rest = "", parts[1], parts[2:]
+    elif len(parts) >= 3 and parts[0] == "apis":
+        group, version, rest = parts[1], parts[2], parts[3:]
+    else:
+        return None
+    namespace = None
+    if (
+        len(rest) >= 3
+        and rest[0] == "namespaces"
+        and not (len(rest) == 3 and rest[2] in ("status", "finalize"))
+    ):
+        namespace, rest = rest[1], rest[2:]
+    if len(rest) > 3:
+        return None
+    padded = [*rest, None, None, None]
+    return Target(group, version, padded[0], namespace, padded[1], padded[2])
+
+
+def _json(body: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> aiohttp.web.Response:
+    return aiohttp.web.Response(
+        body=json.dumps(body).encode(), status=status, headers=headers, content_type="application/json"
+    )
+
+
+def _decode(request: kmock.Request) -> Any:
+    if not request.body:
+        return None
+    content_type = request.headers.get("Content-Type", "")
+    try:
+        if "yaml" in content_type:
+            return yaml.safe_load(request.body)
+        return json.loads(request.body)
+    except (ValueError, yaml.YAMLError) as e:
+        raise errors.bad_request(f"the body of the request could not be decoded: {e}") from e
+
+
+class ApiServer(kmock.KubernetesScaffold):
+    """kmock's Kubernetes scaffold with the store behind it instead of canned answers."""
+
+    def __init__(
+        self, objects: store.ObjectStore, webhooks: admission.Admission, *, bookmark_interval: float = 5.0
+    ) -> None:
+        super().__init__()
+        self.store = objects
+        self.admission = webhooks
+        self.faults = faults.Faults()
+        self.bookmark_interval = bookmark_interval
+
+    def __attrs_post_init__(self) -> None:
+        pass  # no canned fallbacks: unmatched requests are served by the store
+
+    async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
+        try:
+            request = await kmock.Request._parse(raw_request, id=len(self._requests))
+        except ValueError:  # kmock's path parser trips on e.g. /api/v1/namespaces; keep the HTTP facts
+            body = await raw_request.read()
+            request = kmock.Request(
+                id=len(self._requests),
+                raw_request=raw_request,
+                url=raw_request.url,
+                method=raw_request.method,
+                params=dict(raw_request.query),
+                headers=dict(raw_request.headers),
+                body=body,
+                text=body.decode(errors="replace"),
+            )
+        self._requests.append(request)
+        try:
+            return await self._handle(request)
+        except Exception as e:
+            if self._errors:
+                self._errors[-1].append(e)
+            response: aiohttp.web.StreamResponse = await self._render_error(e)
+            return response
+
+    async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        if len(self._requests) > _REQUEST_LOG_LIMIT:
+            del self._requests[: _REQUEST_LOG_LIMIT // 2]
+        if self._payloads:  # reactions scripted with kmock's DSL come first
+            try:
+                response: aiohttp.web.StreamResponse = await super()._handle(request)
+                return response
+            except NotImplementedError:
+                pass
+        try:
+            fault = self.faults.take(str(request.method.value), request.url.path)
+            if fault is not None:
+                if fault.delay:
+                    await asyncio.sleep(fault.delay)
+                error = fault.error()
+                if error is not None:
+                    raise error
+            return await self._serve(request)
+        except errors.ApiError as e:
+            return _json(e.status(), e.code, e.headers)
+
+    async def _serve(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        path = request.url.path.rstrip("/") or "/"
+        method = str(request.method.value).upper()
+        static = self._static(path)
+        if static is not None:
+            if method != "GET":
+                raise errors.method_not_allowed()
+            return _json(static)
+        target = parse_path(path)
+        if target is None or target.plural is None:
+            raise errors.endpoint_not_found()
+        rtype = self.store.catalog.find(target.group, target.version, target.plural)
+        if rtype is None or (target.namespace and not rtype.namespaced):
+            raise errors.endpoint_not_found()
+        if target.subresource and target.subresource not in rtype.subresources:
+            raise errors.endpoint_not_found()
+        params = request.params
+        if params.get("dryRun"):
+            raise errors.bad_request("dryRun is not supported by the deviceshare sandbox")
+        ns = target.namespace if rtype.namespaced else None
+        if method == "GET":
+            if params.get("watch") in ("true", "1"):
+                return await self._watch(request, rtype, ns, target.name)
+            if target.name is None:
+                return self._list(request, rtype, ns)
+            return self._answer(request, rtype, self.store.get(rtype, ns, target.name))
+        if method == "POST" and target.name is None:
+            return await self._create(request, rtype, ns)
+        if method == "POST" and target.subresource == "binding" and ns:
+            self.store.bind(ns, target.name or "", _decode(request) or {})
+            return _json(
+                {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}, 201
+            )
+        if method == "PUT" and target.name:
+            body = _decode(request)
+            if not isinstance(body, dict):
+                raise errors.bad_request("the body of an update must be an object")
+            return _json(self.store.replace(rtype, ns, target.name, body, target.subresource))
+        if method == "PATCH" and target.name:
+            content_type = request.headers.get("Content-Type", patches.MERGE)
+            return _json(
+                self.store.patch(rtype, ns, target.name, content_type, _decode(request), target.subresource)
+            )
+        if method == "DELETE" and target.name and not target.subresource:
+            return _json(self.store.delete(rtype, ns, target.name, _decode(request)))
+        if method == "DELETE" and target.name is None:
+            items, rv = self._select(request, rtype, ns)
+            gone = [self.store.delete(rtype, ns, obj["metadata"]["name"]) for obj in items]
+            return _json(
+                {
+                    "kind": f"{rtype.kind}List",
+                    "apiVersion": rtype.api_version,
+                    "metadata": {"resourceVersion": rv},
+                    "items": gone,
+                }
+            )
+        raise errors.method_not_allowed()
+
+    def _static(self, path: str) -> dict[str, Any] | None:
+        types = self.store.catalog
+        if path == "/":
+            return discovery.root_paths(types)
+        if path == "/version":
+            return discovery.VERSION
+        if path == "/api":
+            return discovery.core_versions()
+        if path == "/apis":
+            return discovery.group_list(types)
+        parts = path.strip("/").split("/")
+        if parts[0] in ("healthz", "livez", "readyz"):
+            return {"status": "ok"}
+        found: dict[str, Any] | None = None
+        if parts[0] == "openapi":
+            if parts == ["openapi", "v3"]:
+                return discovery.openapi_v3_root(types)
+            if parts[:2] == ["openapi", "v3"] and len(parts) in (4, 5):
+                group_name, version = ("", parts[3]) if parts[2] == "api" else (parts[3], parts[-1])
+                found = discovery.openapi_v3_group_version(types, group_name, version)
+            if found is None:
+                raise errors.endpoint_not_found()
+            return found
+        if parts == ["api", "v1"]:
+            found = discovery.resource_list(types, "", "v1")
+        elif len(parts) == 2 and parts[0] == "apis":
+            found = discovery.group(types, parts[1])
+            if found is None:
+                raise errors.endpoint_not_found()
+        elif len(parts) == 3 and parts[0] == "apis":
+            found = discovery.resource_list(types, parts[1], parts[2])
+            if found is None:
+                raise errors.endpoint_not_found()
+        return found
+
+    def _select(
+        self, request: kmock.Request, rtype: catalog.ResourceType, ns: str | None
+    ) -> tuple[list[dict[str, Any]], str]:
+        labels = selectors.parse_labels(request.params.get("labelSelector"))
+        fields = selectors.parse_fields(request.params.get("fieldSelector"), rtype.selectable)
+        return self.store.list_objects(rtype, ns, labels, fields)
+
+    def _list(
+        self, request: kmock.Request, rtype: catalog.ResourceType, ns: str | None
+    ) -> aiohttp.web.Response:
+        items, rv = self._select(request, rtype, ns)
+        if "as=Table" in request.headers.get("Accept", ""):
+            return _json(tables.table(rtype, items, rv, request.params.get("includeObject", "Metadata")))
+        return _json(
+            {
+                "kind": f"{rtype.kind}List",
+                "apiVersion": rtype.api_version,
+                "metadata": {"resourceVersion": rv},
+                "items": items,
+            }
+        )
+
+    def _answer(
+        self, request: kmock.Request, rtype: catalog.ResourceType, obj: dict[str, Any], status: int = 200
+    ) -> aiohttp.web.Response:
+        if "as=Table" in request.headers.get("Accept", ""):
+            found = tables.table(
+                rtype, [obj], self.store.resource_version, request.params.get("includeObject", "Metadata")
+            )
+            return _json(found, status)
+        return _json(obj, status)
+
+    async def _create(
+        self, request: kmock.Request, rtype: catalog.ResourceType, ns: str | None
+    ) -> aiohttp.web.Response:
+        body = _decode(request)
+        if not isinstance(body, dict):
+            raise errors.bad_request("the body of a create must be an object")
+        md = body.setdefault("metadata", {})
+        if rtype.namespaced and ns and not md.get("namespace"):
+            md["namespace"] = ns
+        body = await self.admission.admit_create(rtype, ns, body)
+        return self._answer(request, rtype, self.store.create(rtype, ns, body), 201)
+
+    async def _watch(
+        self, request: kmock.Request, rtype: catalog.ResourceType, ns: str | None, name: str | None
+    ) -> aiohttp.web.StreamResponse:
+        params = request.params
+        labels = selectors.parse_labels(params.get("labelSelector"))
+        fields = selectors.parse_fields(params.get("fieldSelector"), rtype.selectable)
+        bookmarks = params.get("allowWatchBookmarks") in ("true", "1")
+        rv = params.get("resourceVersion") or ""
+        initial = params.get("sendInitialEvents") == "true" or rv in ("", "0")
+        lifetime = float(params["timeoutSeconds"]) if params.get("timeoutSeconds") else None
+        if not initial and not rv.isdigit():
+            raise errors.bad_request(f"invalid resource version: {rv!r}")
+
+        def visible(obj: Mapping[str, Any] | None) -> bool:
+            if obj is None:
+                return False
+            md = store.meta(obj)
+            return (
+                (ns is None or md.get("namespace") == ns)
+                and (name is None or md.get("name") == name)
+                and labels.matches(md.get("labels"))
+                and fields.matches(obj)
+            )
+
+        raw = request._raw_request
+        assert raw is not None  # always set for requests that came over HTTP
+        response = aiohttp.web.StreamResponse(status=200, headers={"Content-Type": "application/json"})
+        response.enable_chunked_encoding()
+        await response.prepare(raw)
+        try:
+            sub, backlog = self.store.subscribe(rtype.key, None if initial else int(rv))
+        except errors.ApiError as e:
+            await response.write(json.dumps({"type": "ERROR", "object": e.status()}).encode() + b"\n")
+            await response.write_eof()
+            return response
+        try:
+            if initial:
+                items, list_rv = self.store.list_objects(rtype, ns, labels, fields)
+                lines = [
+                    json.dumps({"type": "ADDED", "object": obj}).encode() + b"\n"
+                    for obj in items
+                    if visible(obj)
+                ]
+                if bookmarks and params.get("sendInitialEvents") == "true":
+                    lines.append(self._bookmark(rtype, list_rv, initial_end=True))
+                if lines:
+                    await response.write(b"".join(lines))
+            for event in backlog:
+                await self._send(response, event, visible)
+            await self._stream(response, raw, sub, rtype, visible, bookmarks, lifetime)
+        except ConnectionResetError:
+            return response  # the client went away
+        finally:
+            self.store.unsubscribe(sub)
+        with contextlib.suppress(ConnectionResetError, RuntimeError):
+            await response.write_eof()
+        return response
+
+    async def _stream(
+        self,
+        response: aiohttp.web.StreamResponse,
+        raw: Any,
+        sub: store.Subscription,
+        rtype: catalog.ResourceType,
+        visible: Any,
+        bookmarks: bool,
+        lifetime: float | None,
+    ) -> None:
+        deadline = None if lifetime is None else time.monotonic() + lifetime
+        while True:
+            wait = self.bookmark_interval
+            if deadline is not None:
+                wait = min(wait, deadline - time.monotonic())
+                if wait <= 0:
+                    if bookmarks:
+                        await response.write(self._bookmark(rtype, self.store.resource_version))
+                    return
+            try:
+                event = await asyncio.wait_for(sub.queue.get(), wait)
+            except TimeoutError:
+                if raw.transport is None or raw.transport.is_closing():
+                    return
+                if bookmarks and sub.queue.empty():
+                    await response.write(self._bookmark(rtype, self.store.resource_version))
+                continue
+            if event is None:
+                return
+            await self._send(response, event, visible)
+
+    @staticmethod
+    async def _send(response: aiohttp.web.StreamResponse, event: store.WatchEvent, visible: Any) -> None:
+        now_ok, before_ok = visible(event.obj), visible(event.old)
+        if event.type == "MODIFIED" and now_ok and not before_ok:
+            kind = "ADDED"
+        elif event.type == "MODIFIED" and before_ok and not now_ok:
+            kind = "DELETED"
+        elif now_ok:
+            kind = event.type
+        else:
+            return
+        line = (
+            event.line
+            if kind == event.type
+            else json.dumps({"type": kind, "object": event.obj}).encode() + b"\n"
+        )
+        await response.write(line)
+
+    @staticmethod
+    def _bookmark(rtype: catalog.ResourceType, rv: str, initial_end: bool = False) -> bytes:
+        md: dict[str, Any] = {"resourceVersion": rv}
+        if initial_end:
+            md["annotations"] = {INITIAL_EVENTS_END: "true"}
+        obj = {"kind": rtype.kind, "apiVersion": rtype.api_version, "metadata": md}
+        return json.dumps({"type": "BOOKMARK", "object": obj}).encode() + b"\n"

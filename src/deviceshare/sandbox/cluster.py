@@ -1,0 +1,250 @@
+"""``Sandbox``: a local Kubernetes API with simulated GPU nodes, in the caller's event loop.
+
+It bundles the store, the HTTP server, the CRDs from ``crds/``, the nodes and the kubelet, and
+writes a kubeconfig so kubectl, kubernetes_asyncio and Kopf can talk to it. The conveniences
+(``add_node``, ``get``, ``create``, ``patch``...) write through the same store as the HTTP API,
+so watchers see them; they skip admission webhooks, which only HTTP creates go through.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+import kmock
+import yaml
+
+from deviceshare.sandbox import admission, apiserver, catalog, errors, faults, kubelet, patches, store
+
+CONTEXT = "deviceshare-sandbox"
+SYSTEM_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
+
+
+def default_crds() -> Path | None:
+    """The repository's ``crds/`` folder, or the copy packaged under ``deviceshare/data``."""
+    package = Path(__file__).resolve().parent.parent
+    for candidate in (package.parent.parent / "crds", package / "data"):
+        if candidate.is_dir() and any(candidate.glob("*.yaml")):
+            return candidate
+    return None
+
+
+def load_manifests(path: Path) -> list[dict[str, Any]]:
+    files = sorted(path.glob("*.yaml")) + sorted(path.glob("*.yml")) if path.is_dir() else [path]
+    return [doc for file in files for doc in yaml.safe_load_all(file.read_text()) if isinstance(doc, dict)]
+
+
+class Sandbox:
+    def __init__(
+        self,
+        *,
+        nodes: int = 4,
+        gpus: int = 8,
+        resource: str = "nvidia.com/gpu",
+        crds: Path | None = None,
+        kubelet_delay: float | None = 0.05,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        kubeconfig_path: Path | None = None,
+        node_cpu: str = "64",
+        node_memory: str = "512Gi",
+        labels: Mapping[str, str] | None = None,
+        service_endpoints: admission.Endpoints | None = None,
+        watch_history: int = 10_000,
+        bookmark_interval: float = 5.0,
+    ) -> None:
+        self.resource = resource
+        self.gpus = gpus
+        self.node_cpu, self.node_memory = node_cpu, node_memory
+        self.node_labels = dict(labels or {})
+        self.store = store.ObjectStore(catalog.Catalog(), history=watch_history)
+        self.admission = admission.Admission(self.store, service_endpoints)
+        self.api = apiserver.ApiServer(self.store, self.admission, bookmark_interval=bookmark_interval)
+        self.kubelet = kubelet.Kubelet(self.store, kubelet_delay) if kubelet_delay else None
+        self._host, self._port = host, port
+        self._kubeconfig_path = kubeconfig_path
+        self._server: kmock.Server | None = None
+        self.url = ""
+        self.kubeconfig = Path()
+        for ns in SYSTEM_NAMESPACES:
+            self.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+        crd_dir = crds if crds is not None else default_crds()
+        if crd_dir is not None:
+            for doc in load_manifests(crd_dir):
+                self.create(doc)
+        for index in range(nodes):
+            self.add_node(f"gpu-node-{index}")
+
+    # ---- lifecycle -----------------------------------------------------------------------
+    async def __aenter__(self) -> Self:
+        await self.api.__aenter__()
+        self._server = kmock.Server(self.api, host=self._host, port=self._port or None)
+        await self._server.__aenter__()
+        self.url = str(self._server.url).rstrip("/")
+        self.kubeconfig = self.write_kubeconfig(self._kubeconfig_path)
+        if self.kubelet is not None:
+            self.kubelet.start()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self.kubelet is not None:
+            self.kubelet.stop()
+        self.store.close_watches()
+        if self._server is not None:
+            await self._server.__aexit__(exc_type, exc, tb)
+            self._server = None
+        await self.api.__aexit__(exc_type, exc, tb)
+
+    def write_kubeconfig(self, path: Path | None = None) -> Path:
+        if path is None:
+            import tempfile
+
+            path = Path(tempfile.mkdtemp(prefix="deviceshare-sandbox-")) / "kubeconfig"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "current-context": CONTEXT,
+            "preferences": {},
+            "clusters": [{"name": CONTEXT, "cluster": {"server": self.url}}],
+            "users": [{"name": CONTEXT, "user": {"token": "deviceshare-sandbox"}}],
+            "contexts": [
+                {"name": CONTEXT, "context": {"cluster": CONTEXT, "user": CONTEXT, "namespace": "default"}}
+            ],
+        }
+        path.write_text(yaml.safe_dump(config, sort_keys=False))
+        return path
+
+    # ---- conveniences (same store and events as the HTTP API) ---------------------------
+    def _rtype_of(self, obj: Mapping[str, Any]) -> catalog.ResourceType:
+        group = obj.get("apiVersion", "v1").rpartition("/")[0]
+        for rtype in self.store.catalog:
+            if rtype.kind == obj.get("kind") and rtype.group == group:
+                return rtype
+        raise errors.ApiError(404, "NotFound", f"no resource for {obj.get('apiVersion')} {obj.get('kind')}")
+
+    def create(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+        rtype = self._rtype_of(obj)
+        return self.store.create(rtype, store.meta(obj).get("namespace"), obj)
+
+    def apply_manifests(self, path: Path) -> list[dict[str, Any]]:
+        return [self.create(doc) for doc in load_manifests(path)]
+
+    def get(self, kind_or_plural: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
+        try:
+            return self.store.get(self.store.rtype(kind_or_plural), namespace, name)
+        except errors.ApiError as e:
+            if e.code == 404:
+                return None
+            raise
+
+    def list(
+        self,
+        plural: str,
+        namespace: str | None = None,
+        *,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+    ) -> list[dict[str, Any]]:
+        from deviceshare.sandbox import selectors
+
+        rtype = self.store.rtype(plural)
+        items, _ = self.store.list_objects(
+            rtype, namespace, selectors.parse_labels(label_selector), selectors.parse_fields(field_selector)
+        )
+        return items
+
+    def patch(
+        self,
+        kind_or_plural: str,
+        name: str,
+        patch: Any,
+        namespace: str | None = None,
+        *,
+        subresource: str | None = None,
+        content_type: str = patches.MERGE,
+    ) -> dict[str, Any]:
+        rtype = self.store.rtype(kind_or_plural)
+        return self.store.patch(rtype, namespace, name, content_type, patch, subresource)
+
+    def delete(self, kind_or_plural: str, name: str, namespace: str | None = None) -> dict[str, Any]:
+        return self.store.delete(self.store.rtype(kind_or_plural), namespace, name)
+
+    def bind(self, namespace: str, name: str, node_name: str) -> None:
+        self.store.bind(namespace, name, {"target": {"kind": "Node", "name": node_name}})
+
+    def add_node(
+        self,
+        name: str,
+        *,
+        gpus: int | None = None,
+        labels: Mapping[str, str] | None = None,
+        annotations: Mapping[str, str] | None = None,
+        taints: Sequence[Mapping[str, Any]] | None = None,
+        unschedulable: bool = False,
+        ready: bool = True,
+        cpu: str | None = None,
+        memory: str | None = None,
+    ) -> dict[str, Any]:
+        body = kubelet.node(
+            name,
+            gpus=self.gpus if gpus is None else gpus,
+            resource=self.resource,
+            cpu=cpu or self.node_cpu,
+            memory=memory or self.node_memory,
+            labels={**self.node_labels, **(labels or {})},
+            annotations=annotations,
+            taints=taints,
+            unschedulable=unschedulable,
+            ready=ready,
+        )
+        status = body.pop("status")
+        self.create(body)
+        return self.store.write_status(
+            self.store.rtype("nodes"), None, name, lambda n: n.update(status=status)
+        )
+
+    def complete_pod(self, namespace: str, name: str, phase: str = "Succeeded") -> dict[str, Any]:
+        sim = self.kubelet or kubelet.Kubelet(self.store, 0)
+        return sim.complete(namespace, name, phase)
+
+    # ---- faults --------------------------------------------------------------------------
+    def inject_fault(
+        self,
+        method: str | None,
+        path: str,
+        *,
+        status: int | None = None,
+        times: int | None = 1,
+        retry_after: float | None = None,
+        delay: float = 0.0,
+        message: str = "injected fault",
+    ) -> faults.Fault:
+        """Make the next ``times`` requests of ``method`` whose path matches ``path`` fail or wait."""
+        return self.api.faults.add(
+            faults.Fault(
+                method.upper() if method else None,
+                re.compile(path),
+                status,
+                times,
+                retry_after,
+                delay,
+                message,
+            )
+        )
+
+    def clear_faults(self) -> None:
+        self.api.faults.clear()
+
+    def drop_watches(self) -> int:
+        """Close every open watch stream; clients must re-watch (from their last resourceVersion)."""
+        return self.store.close_watches()
+
+    def compact(self) -> None:
+        """Forget the watch history: a resume from any older resourceVersion gets 410 Gone."""
+        self.store.compact()

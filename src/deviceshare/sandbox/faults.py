@@ -1,0 +1,76 @@
+"""Scripted API failures for fault tests: the next N matching requests fail or are slowed down.
+
+A fault matches on the HTTP method and a regular expression searched in the path (query
+excluded). It answers a real ``Status`` error (409, 429 with ``Retry-After``, 500, ...) and/or
+delays the request first; once it has fired ``times`` times it is spent.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any
+
+from deviceshare.sandbox import errors
+
+_REASONS = {
+    400: "BadRequest",
+    403: "Forbidden",
+    404: "NotFound",
+    409: "Conflict",
+    410: "Expired",
+    422: "Invalid",
+    429: "TooManyRequests",
+    500: "InternalError",
+    503: "ServiceUnavailable",
+    504: "Timeout",
+}
+
+
+@dataclasses.dataclass
+class Fault:
+    method: str | None  # "PATCH", or None for any
+    path: re.Pattern[str]
+    status: int | None = None  # None: only the delay, then served normally
+    times: int | None = 1  # None: forever
+    retry_after: float | None = None
+    delay: float = 0.0
+    message: str = "injected fault"
+    fired: int = 0
+
+    def matches(self, method: str, path: str) -> bool:
+        spent = self.times is not None and self.fired >= self.times
+        return (
+            not spent
+            and (self.method is None or self.method == method.upper())
+            and bool(self.path.search(path))
+        )
+
+    def error(self) -> errors.ApiError | None:
+        if self.status is None:
+            return None
+        headers = {"Retry-After": str(int(self.retry_after))} if self.retry_after is not None else {}
+        details: dict[str, Any] = {"retryAfterSeconds": int(self.retry_after)} if self.retry_after else {}
+        return errors.ApiError(
+            self.status, _REASONS.get(self.status, "Unknown"), self.message, details=details, headers=headers
+        )
+
+
+class Faults:
+    def __init__(self) -> None:
+        self._faults: list[Fault] = []
+
+    def add(self, fault: Fault) -> Fault:
+        self._faults.append(fault)
+        return fault
+
+    def clear(self) -> None:
+        self._faults.clear()
+
+    def take(self, method: str, path: str) -> Fault | None:
+        """The first live fault for this request, counted as fired."""
+        for fault in self._faults:
+            if fault.matches(method, path):
+                fault.fired += 1
+                return fault
+        return None

@@ -1,0 +1,191 @@
+"""Simulated nodes and a small kubelet: bound pods start running, and can be completed.
+
+Nodes carry what the operator reads on a real GPU node: the ``deviceshare.io/mode: shared``
+label, ``nvidia.com/gpu`` (or another resource) in capacity/allocatable, CPU/memory, a Ready
+condition, taints and cordoning. The kubelet acts on watch events of pods: a pod bound to an
+existing, Ready node turns Running after ``delay`` seconds, like a container that started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from deviceshare.api import names
+from deviceshare.sandbox import store
+
+KUBELET_VERSION = "v1.32.0-sandbox"
+
+
+def node(
+    name: str,
+    *,
+    gpus: int,
+    resource: str = "nvidia.com/gpu",
+    cpu: str = "64",
+    memory: str = "512Gi",
+    labels: Mapping[str, str] | None = None,
+    annotations: Mapping[str, str] | None = None,
+    taints: Sequence[Mapping[str, Any]] | None = None,
+    unschedulable: bool = False,
+    ready: bool = True,
+) -> dict[str, Any]:
+    resources = {"cpu": cpu, "memory": memory, "pods": "110"}
+    if gpus:
+        resources[resource] = str(gpus)
+    spec: dict[str, Any] = {}
+    if taints:
+        spec["taints"] = [dict(t) for t in taints]
+    if unschedulable:
+        spec["unschedulable"] = True
+    all_labels = {
+        "kubernetes.io/hostname": name,
+        "kubernetes.io/os": "linux",
+        "kubernetes.io/arch": "amd64",
+        names.NODE_MODE_LABEL: names.NODE_MODE_SHARED,
+    }
+    all_labels.update(labels or {})
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": all_labels, "annotations": dict(annotations or {})},
+        "spec": spec,
+        "status": {
+            "capacity": dict(resources),
+            "allocatable": dict(resources),
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "True" if ready else "False",
+                    "reason": "KubeletReady" if ready else "KubeletNotReady",
+                    "message": "kubelet is posting ready status" if ready else "simulated NotReady",
+                    "lastHeartbeatTime": store.now(),
+                    "lastTransitionTime": store.now(),
+                }
+            ],
+            "nodeInfo": {
+                "kubeletVersion": KUBELET_VERSION,
+                "operatingSystem": "linux",
+                "architecture": "amd64",
+                "containerRuntimeVersion": "sandbox://0",
+            },
+            "addresses": [
+                {"type": "InternalIP", "address": "10.0.0.1"},
+                {"type": "Hostname", "address": name},
+            ],
+        },
+    }
+
+
+def _node_ready(obj: Mapping[str, Any]) -> bool:
+    return any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in obj.get("status", {}).get("conditions") or []
+    )
+
+
+class Kubelet:
+    """Moves bound pods to Running; the loop it runs in is the one it was started in."""
+
+    def __init__(self, objects: store.ObjectStore, delay: float) -> None:
+        self.store = objects
+        self.delay = delay
+        self._timers: dict[tuple[str, str], asyncio.TimerHandle] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._pods = objects.catalog.lookup("pods")
+        self._nodes = objects.catalog.lookup("nodes")
+
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self.store.listeners.append(self._on_event)
+        for pod in self.store.list_objects(self._pods)[0]:  # pods bound before the start
+            self._consider(pod)
+
+    def stop(self) -> None:
+        if self._on_event in self.store.listeners:
+            self.store.listeners.remove(self._on_event)
+        for timer in self._timers.values():
+            timer.cancel()
+        self._timers.clear()
+
+    def _on_event(self, event: store.WatchEvent) -> None:
+        if event.key == self._pods.key and event.type != "DELETED":
+            self._consider(event.obj)
+
+    def _consider(self, pod: Mapping[str, Any]) -> None:
+        md = store.meta(pod)
+        key = (md.get("namespace", ""), md["name"])
+        pending = pod.get("status", {}).get("phase", "Pending") == "Pending"
+        if (
+            not pending
+            or not pod.get("spec", {}).get("nodeName")
+            or key in self._timers
+            or self._loop is None
+        ):
+            return
+        self._timers[key] = self._loop.call_later(self.delay, self._start_pod, key, md.get("uid"))
+
+    def _start_pod(self, key: tuple[str, str], uid: str | None) -> None:
+        self._timers.pop(key, None)
+        try:
+            pod = self.store.get(self._pods, key[0], key[1])
+            host = self.store.get(self._nodes, None, pod["spec"]["nodeName"])
+        except Exception:  # pod gone, or bound to a node that does not exist: nothing starts
+            return
+        if (
+            store.meta(pod).get("uid") != uid
+            or not _node_ready(host)
+            or store.meta(pod).get("deletionTimestamp")
+        ):
+            return
+        self.store.write_status(self._pods, key[0], key[1], _running)
+
+    def complete(self, namespace: str, name: str, phase: str = "Succeeded") -> dict[str, Any]:
+        def finished(pod: dict[str, Any]) -> None:
+            status = pod.setdefault("status", {})
+            status["phase"] = phase
+            for cs in status.get("containerStatuses") or []:
+                cs.update(
+                    ready=False,
+                    started=False,
+                    state={
+                        "terminated": {
+                            "exitCode": 0 if phase == "Succeeded" else 1,
+                            "reason": "Completed" if phase == "Succeeded" else "Error",
+                            "startedAt": cs.get("state", {}).get("running", {}).get("startedAt"),
+                            "finishedAt": store.now(),
+                        }
+                    },
+                )
+            store.set_condition(pod, "Ready", "False", "PodCompleted")
+            store.set_condition(pod, "ContainersReady", "False", "PodCompleted")
+
+        return self.store.write_status(self._pods, namespace, name, finished)
+
+
+def _running(pod: dict[str, Any]) -> None:
+    started = store.now()
+    status = pod.setdefault("status", {})
+    status.update(
+        phase="Running",
+        hostIP="10.0.0.1",
+        podIP="10.244.0.10",
+        startTime=started,
+        podIPs=[{"ip": "10.244.0.10"}],
+    )
+    status["containerStatuses"] = [
+        {
+            "name": c.get("name"),
+            "image": c.get("image"),
+            "imageID": f"sandbox://{c.get('image')}",
+            "containerID": f"sandbox://{c.get('name')}",
+            "ready": True,
+            "started": True,
+            "restartCount": 0,
+            "state": {"running": {"startedAt": started}},
+        }
+        for c in pod.get("spec", {}).get("containers") or []
+    ]
+    for condition in ("PodScheduled", "Initialized", "ContainersReady", "Ready"):
+        store.set_condition(pod, condition, "True")

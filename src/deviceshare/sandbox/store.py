@@ -1,0 +1,517 @@
+"""The object store: what etcd plus the generic registry of kube-apiserver do for each write.
+
+One monotonic resourceVersion counter covers every object, list and watch event. Writes check
+the optimistic-concurrency precondition (409 on a stale resourceVersion), keep ``uid``,
+``creationTimestamp`` and friends immutable, bump ``generation`` on spec changes only, split
+the ``status`` subresource from the main resource, honour finalizers with ``deletionTimestamp``,
+and validate custom objects against their CRD schema and CEL rules (422).
+
+Everything is synchronous: the sandbox runs in one event loop, so each write is atomic, and
+watchers get events through ``asyncio.Queue.put_nowait`` in the order of resourceVersions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import copy
+import dataclasses
+import datetime
+import json
+import random
+import re
+import uuid
+from collections.abc import Callable, Mapping
+from functools import cached_property
+from typing import Any
+
+from deviceshare.sandbox import catalog, errors, patches, schema, selectors
+
+Obj = dict[str, Any]
+Key = tuple[str, str]  # (group, plural)
+
+_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+_POD_SPEC_MUTABLE = ("activeDeadlineSeconds", "tolerations", "terminationGracePeriodSeconds")
+
+
+def now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def meta(obj: Mapping[str, Any]) -> dict[str, Any]:
+    found = obj.get("metadata")
+    return found if isinstance(found, dict) else {}
+
+
+@dataclasses.dataclass(frozen=True)
+class WatchEvent:
+    rv: int
+    key: Key
+    type: str  # ADDED, MODIFIED, DELETED
+    obj: Obj
+    old: Obj | None = None
+
+    @cached_property
+    def line(self) -> bytes:
+        return json.dumps({"type": self.type, "object": self.obj}).encode() + b"\n"
+
+
+@dataclasses.dataclass(eq=False)
+class Subscription:
+    key: Key
+    queue: asyncio.Queue[WatchEvent | None] = dataclasses.field(default_factory=asyncio.Queue)
+
+
+class ObjectStore:
+    def __init__(self, types: catalog.Catalog | None = None, *, history: int = 10_000) -> None:
+        self.catalog = types or catalog.Catalog()
+        self._objects: dict[Key, dict[tuple[str, str], Obj]] = collections.defaultdict(dict)
+        self._rv = 1
+        self._history: collections.deque[WatchEvent] = collections.deque()
+        self._history_limit = history
+        self._compacted = 0
+        self._subscriptions: list[Subscription] = []
+        self.listeners: list[Callable[[WatchEvent], None]] = []
+
+    # ---- reading -------------------------------------------------------------------------
+    @property
+    def resource_version(self) -> str:
+        return str(self._rv)
+
+    def rtype(self, name: str) -> catalog.ResourceType:
+        try:
+            return self.catalog.lookup(name)
+        except KeyError:
+            raise errors.ApiError(
+                404, "NotFound", f"the server doesn't have a resource type {name!r}"
+            ) from None
+
+    def _existing(self, rtype: catalog.ResourceType, namespace: str | None, name: str) -> Obj:
+        found = self._objects[rtype.key].get((namespace or "", name))
+        if found is None:
+            raise errors.not_found(rtype.plural, rtype.group, name)
+        return found
+
+    def get(self, rtype: catalog.ResourceType, namespace: str | None, name: str) -> Obj:
+        return copy.deepcopy(self._existing(rtype, namespace, name))
+
+    def list_objects(
+        self,
+        rtype: catalog.ResourceType,
+        namespace: str | None = None,
+        labels: selectors.LabelSelector | None = None,
+        fields: selectors.FieldSelector | None = None,
+    ) -> tuple[list[Obj], str]:
+        items = [
+            copy.deepcopy(obj)
+            for (ns, _), obj in sorted(self._objects[rtype.key].items())
+            if (not namespace or ns == namespace)
+            and (labels is None or labels.matches(meta(obj).get("labels")))
+            and (fields is None or fields.matches(obj))
+        ]
+        return items, self.resource_version
+
+    # ---- watching ------------------------------------------------------------------------
+    def subscribe(self, key: Key, since: int | None) -> tuple[Subscription, list[WatchEvent]]:
+        """Start receiving events of a resource; with ``since``, also those after that version.
+
+        A version older than the retained history is answered 410 Gone, as etcd compaction does.
+        """
+        backlog: list[WatchEvent] = []
+        if since is not None:
+            if since < self._compacted:
+                raise errors.gone(f"too old resource version: {since} ({self._compacted + 1})")
+            backlog = [e for e in self._history if e.rv > since and e.key == key]
+        sub = Subscription(key)
+        self._subscriptions.append(sub)
+        return sub, backlog
+
+    def unsubscribe(self, sub: Subscription) -> None:
+        if sub in self._subscriptions:
+            self._subscriptions.remove(sub)
+
+    def close_watches(self) -> int:
+        """End every open watch (the clients see the stream close and re-watch)."""
+        subs, self._subscriptions = self._subscriptions, []
+        for sub in subs:
+            sub.queue.put_nowait(None)
+        return len(subs)
+
+    def compact(self) -> None:
+        """Forget the watch history, so any older resourceVersion gets 410 Gone."""
+        self._history.clear()
+        self._compacted = self._rv
+
+    def _emit(self, type_: str, rtype: catalog.ResourceType, obj: Obj, old: Obj | None) -> None:
+        event = WatchEvent(int(meta(obj)["resourceVersion"]), rtype.key, type_, copy.deepcopy(obj), old)
+        self._history.append(event)
+        while len(self._history) > self._history_limit:
+            self._compacted = self._history.popleft().rv
+        for sub in self._subscriptions:
+            if sub.key == rtype.key:
+                sub.queue.put_nowait(event)
+        for listener in list(self.listeners):
+            listener(event)
+
+    def _next_rv(self) -> str:
+        self._rv += 1
+        return str(self._rv)
+
+    # ---- writing -------------------------------------------------------------------------
+    def create(self, rtype: catalog.ResourceType, namespace: str | None, body: Mapping[str, Any]) -> Obj:
+        obj: Obj = copy.deepcopy(dict(body))
+        md = obj.setdefault("metadata", {})
+        if not isinstance(md, dict):
+            raise errors.bad_request("metadata must be an object")
+        if rtype.namespaced:
+            ns = namespace or md.get("namespace") or "default"
+            if md.get("namespace") and md["namespace"] != ns:
+                raise errors.bad_request(
+                    "the namespace of the provided object does not match the namespace sent on the request"
+                )
+            if ("", ns) not in self._objects[("", "namespaces")]:
+                raise errors.not_found("namespaces", "", ns)
+            md["namespace"] = ns
+        else:
+            md.pop("namespace", None)
+        if not md.get("name") and md.get("generateName"):
+            md["name"] = md["generateName"] + "".join(random.choices("bcdfghjklmnpqrstvwxz2456789", k=5))
+        name = md.get("name")
+        if not name:
+            raise errors.invalid(
+                rtype.kind,
+                rtype.group,
+                "",
+                [("metadata.name", "Required value: name or generateName is required")],
+            )
+        if (md.get("namespace", ""), name) in self._objects[rtype.key]:
+            raise errors.already_exists(rtype.plural, rtype.group, name)
+        obj["apiVersion"], obj["kind"] = rtype.api_version, rtype.kind
+        for field in ("deletionTimestamp", "deletionGracePeriodSeconds", "resourceVersion"):
+            md.pop(field, None)
+        md.update(uid=str(uuid.uuid4()), creationTimestamp=now(), generation=1)
+        obj = self._on_create(rtype, obj)
+        obj = self._validated(rtype, obj, None)
+        meta(obj)["resourceVersion"] = self._next_rv()
+        self._objects[rtype.key][(meta(obj).get("namespace", ""), name)] = obj
+        if rtype.key == ("apiextensions.k8s.io", "customresourcedefinitions"):
+            self._serve_crd(obj)
+        self._emit("ADDED", rtype, obj, None)
+        return copy.deepcopy(obj)
+
+    def _on_create(self, rtype: catalog.ResourceType, obj: Obj) -> Obj:
+        """What each kind's registry strategy does at creation."""
+        if rtype.custom and rtype.has_status:
+            obj.pop("status", None)
+        elif rtype.key == ("", "pods"):
+            obj["status"] = {"phase": "Pending", "qosClass": _qos_class(obj)}
+            obj.setdefault("spec", {}).setdefault("schedulerName", "default-scheduler")
+        elif rtype.key == ("", "namespaces"):
+            obj["status"] = {"phase": "Active"}
+            obj.setdefault("spec", {"finalizers": ["kubernetes"]})
+            meta(obj).setdefault("labels", {})["kubernetes.io/metadata.name"] = meta(obj)["name"]
+        elif rtype.key == ("apiextensions.k8s.io", "customresourcedefinitions"):
+            names = obj.get("spec", {}).get("names", {})
+            obj["status"] = {
+                "acceptedNames": names,
+                "storedVersions": [
+                    v["name"] for v in obj.get("spec", {}).get("versions", []) if v.get("storage")
+                ],
+                "conditions": [
+                    {"type": t, "status": "True", "reason": r, "message": m, "lastTransitionTime": now()}
+                    for t, r, m in (
+                        ("NamesAccepted", "NoConflicts", "no conflicts found"),
+                        ("Established", "InitialNamesAccepted", "the initial names have been accepted"),
+                    )
+                ],
+            }
+        return obj
+
+    def _validated(self, rtype: catalog.ResourceType, obj: Obj, old: Obj | None) -> Obj:
+        name = meta(obj).get("name", "")
+        causes: list[tuple[str, str]] = []
+        if len(name) > 253 or not _NAME.match(name):
+            causes.append(
+                (
+                    "metadata.name",
+                    f'Invalid value: "{name}": a lowercase RFC 1123 subdomain must '
+                    "consist of lower case alphanumeric characters, '-' or '.', and must "
+                    "start and end with an alphanumeric character",
+                )
+            )
+        if rtype.schema is not None:
+            obj = schema.prune_and_default(rtype.schema, obj)
+            causes += schema.check(rtype.schema, obj, old)
+        elif rtype.key == ("", "pods"):
+            containers = obj.get("spec", {}).get("containers")
+            if not containers:
+                causes.append(("spec.containers", "Required value"))
+            for i, c in enumerate(containers or []):
+                for field in ("name", "image"):
+                    if not c.get(field):
+                        causes.append((f"spec.containers[{i}].{field}", "Required value"))
+        elif rtype.key == ("apiextensions.k8s.io", "customresourcedefinitions"):
+            spec = obj.get("spec", {})
+            for field in ("group", "names", "versions"):
+                if not spec.get(field):
+                    causes.append((f"spec.{field}", "Required value"))
+        if causes:
+            raise errors.invalid(rtype.kind, rtype.group, name, causes)
+        return obj
+
+    def replace(
+        self,
+        rtype: catalog.ResourceType,
+        namespace: str | None,
+        name: str,
+        body: Mapping[str, Any],
+        subresource: str | None = None,
+    ) -> Obj:
+        old = self._existing(rtype, namespace, name)
+        new: Obj = copy.deepcopy(dict(body))
+        if meta(new).get("name", name) != name:
+            raise errors.bad_request(
+                f"the name of the object ({meta(new).get('name')}) does not match the name "
+                f"on the URL ({name})"
+            )
+        self._check_precondition(rtype, old, new)
+        return self._update(rtype, old, new, subresource)
+
+    def patch(
+        self,
+        rtype: catalog.ResourceType,
+        namespace: str | None,
+        name: str,
+        content_type: str,
+        body: Any,
+        subresource: str | None = None,
+    ) -> Obj:
+        old = self._existing(rtype, namespace, name)
+        new = patches.apply(content_type, old, body, custom=rtype.custom)
+        if not isinstance(new, dict):
+            raise errors.bad_request("the patch did not produce an object")
+        self._check_precondition(rtype, old, new)
+        return self._update(rtype, old, new, subresource)
+
+    def _check_precondition(self, rtype: catalog.ResourceType, old: Obj, new: Obj) -> None:
+        wanted = meta(new).get("resourceVersion")
+        if wanted and str(wanted) != meta(old)["resourceVersion"]:
+            raise errors.conflict(rtype.plural, rtype.group, meta(old)["name"], errors.STALE)
+
+    def _update(self, rtype: catalog.ResourceType, old: Obj, new: Obj, subresource: str | None) -> Obj:
+        if subresource == "status":
+            status = new.get("status")
+            new = copy.deepcopy(old)
+            if status is None:
+                new.pop("status", None)
+            else:
+                new["status"] = status
+        else:
+            new.setdefault("metadata", {})
+            if rtype.has_status:
+                if "status" in old:
+                    new["status"] = copy.deepcopy(old["status"])
+                else:
+                    new.pop("status", None)
+            if rtype.key == ("", "pods"):
+                _check_pod_spec(old, new)
+        old_md, new_md = meta(old), meta(new)
+        for field in (
+            "uid",
+            "creationTimestamp",
+            "deletionTimestamp",
+            "deletionGracePeriodSeconds",
+            "generation",
+            "name",
+            "namespace",
+        ):
+            if field in old_md:
+                new_md[field] = old_md[field]
+            else:
+                new_md.pop(field, None)
+        if old_md.get("deletionTimestamp"):
+            added = set(new_md.get("finalizers") or []) - set(old_md.get("finalizers") or [])
+            if added:
+                raise errors.invalid(
+                    rtype.kind,
+                    rtype.group,
+                    old_md["name"],
+                    [
+                        (
+                            "metadata.finalizers",
+                            f"Forbidden: no new finalizers can be added if the object is being "
+                            f"deleted, found new finalizers {sorted(added)!r}",
+                        )
+                    ],
+                )
+        new["apiVersion"], new["kind"] = rtype.api_version, rtype.kind
+        return self._commit(rtype, old, new)
+
+    def _commit(self, rtype: catalog.ResourceType, old: Obj, new: Obj) -> Obj:
+        """Store an update: bump generation/resourceVersion when something changed, finish deletions."""
+        new = self._validated(rtype, new, old)
+        new_md = meta(new)
+        new_md["resourceVersion"] = meta(old)["resourceVersion"]
+        new_md["generation"] = meta(old).get("generation", 1)
+        if _spec_part(new) != _spec_part(old):
+            new_md["generation"] = int(meta(old).get("generation", 1)) + 1
+        if new == old:
+            return copy.deepcopy(old)  # a no-op write: no new version, no watch event
+        new_md = meta(new)
+        new_md["resourceVersion"] = self._next_rv()
+        key = (new_md.get("namespace", ""), new_md["name"])
+        if new_md.get("deletionTimestamp") and not new_md.get("finalizers"):
+            del self._objects[rtype.key][key]
+            self._emit("DELETED", rtype, new, old)
+            self._after_delete(rtype, new)
+        else:
+            self._objects[rtype.key][key] = new
+            if rtype.key == ("apiextensions.k8s.io", "customresourcedefinitions"):
+                self._serve_crd(new)
+            self._emit("MODIFIED", rtype, new, old)
+        return copy.deepcopy(new)
+
+    def delete(
+        self,
+        rtype: catalog.ResourceType,
+        namespace: str | None,
+        name: str,
+        options: Mapping[str, Any] | None = None,
+    ) -> Obj:
+        old = self._existing(rtype, namespace, name)
+        pre = (options or {}).get("preconditions") or {}
+        md = meta(old)
+        if pre.get("uid") and pre["uid"] != md.get("uid"):
+            raise errors.conflict(
+                rtype.plural,
+                rtype.group,
+                name,
+                f"Precondition failed: UID in precondition: "
+                f"{pre['uid']}, UID in object meta: {md.get('uid')}",
+            )
+        if pre.get("resourceVersion") and str(pre["resourceVersion"]) != md["resourceVersion"]:
+            raise errors.conflict(rtype.plural, rtype.group, name, errors.STALE)
+        if md.get("finalizers"):
+            if md.get("deletionTimestamp"):
+                return copy.deepcopy(old)
+            new = copy.deepcopy(old)
+            meta(new).update(deletionTimestamp=now(), deletionGracePeriodSeconds=0)
+            return self._commit(rtype, old, new)
+        del self._objects[rtype.key][(md.get("namespace", ""), name)]
+        gone = copy.deepcopy(old)
+        meta(gone)["resourceVersion"] = self._next_rv()
+        self._emit("DELETED", rtype, gone, old)
+        self._after_delete(rtype, gone)
+        return copy.deepcopy(gone)
+
+    def _after_delete(self, rtype: catalog.ResourceType, obj: Obj) -> None:
+        if rtype.key == ("", "namespaces"):
+            for other in self.catalog:
+                if other.namespaced:
+                    for ns, name in [k for k in self._objects[other.key] if k[0] == meta(obj)["name"]]:
+                        if (ns, name) in self._objects[other.key]:
+                            self.delete(other, ns, name)
+        elif rtype.key == ("apiextensions.k8s.io", "customresourcedefinitions"):
+            spec = obj.get("spec", {})
+            served = (spec.get("group", ""), spec.get("names", {}).get("plural", ""))
+            for ns, name in list(self._objects[served]):
+                gone = self._objects[served].pop((ns, name))
+                meta(gone)["resourceVersion"] = self._next_rv()
+                self._emit("DELETED", next(iter(catalog.from_crd(obj))), gone, None)
+            self.catalog.remove_group_plural(*served)
+
+    def _serve_crd(self, crd: Obj) -> None:
+        spec = crd.get("spec", {})
+        self.catalog.remove_group_plural(spec.get("group", ""), spec.get("names", {}).get("plural", ""))
+        for rtype in catalog.from_crd(crd):
+            self.catalog.add(rtype)
+
+    def bind(self, namespace: str, name: str, binding: Mapping[str, Any]) -> None:
+        """``pods/binding``: set ``spec.nodeName`` once; a second binding is a 409 like the real API."""
+        rtype = self.catalog.lookup("pods")
+        old = self._existing(rtype, namespace, name)
+        target = (binding.get("target") or {}).get("name")
+        if not target:
+            raise errors.invalid("Binding", "", name, [("target.name", "Required value")])
+        bound = old.get("spec", {}).get("nodeName")
+        if bound:
+            raise errors.conflict(
+                "pods/binding", "", name, f'pod {name} is already assigned to node "{bound}"'
+            )
+        uid = meta(binding).get("uid")
+        if uid and uid != meta(old).get("uid"):
+            raise errors.conflict("pods/binding", "", name, "Precondition failed: UID mismatch")
+        new = copy.deepcopy(old)
+        new.setdefault("spec", {})["nodeName"] = target
+        annotations = meta(binding).get("annotations") or {}
+        if annotations:
+            meta(new).setdefault("annotations", {}).update(annotations)
+        set_condition(new, "PodScheduled", "True")
+        self._commit(rtype, old, new)
+
+    def write_status(
+        self, rtype: catalog.ResourceType, namespace: str | None, name: str, mutate: Callable[[Obj], None]
+    ) -> Obj:
+        """An in-process status write (the kubelet's): ``mutate`` edits a copy of the object."""
+        old = self._existing(rtype, namespace, name)
+        new = copy.deepcopy(old)
+        mutate(new)
+        return self._update(rtype, old, new, "status")
+
+
+def _spec_part(obj: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in obj.items() if k not in ("metadata", "status", "apiVersion", "kind")}
+
+
+def _qos_class(pod: Mapping[str, Any]) -> str:
+    resources = [c.get("resources") or {} for c in pod.get("spec", {}).get("containers", [])]
+    if resources and all(
+        r.get("limits") and r.get("limits") == r.get("requests", r.get("limits")) for r in resources
+    ):
+        return "Guaranteed"
+    return "Burstable" if any(r.get("limits") or r.get("requests") for r in resources) else "BestEffort"
+
+
+def _check_pod_spec(old: Obj, new: Obj) -> None:
+    """Pod specs are immutable except a few fields; ``nodeName`` changes only through binding."""
+
+    def comparable(spec: Mapping[str, Any]) -> dict[str, Any]:
+        out = {k: v for k, v in spec.items() if k not in _POD_SPEC_MUTABLE}
+        for field in ("containers", "initContainers"):
+            out[field] = [{k: v for k, v in c.items() if k != "image"} for c in spec.get(field) or []]
+        return out
+
+    if comparable(old.get("spec") or {}) != comparable(new.get("spec") or {}):
+        raise errors.invalid(
+            "Pod",
+            "",
+            meta(old)["name"],
+            [
+                (
+                    "spec",
+                    "Forbidden: pod updates may not change fields other than `spec.containers[*].image`,"
+                    "`spec.initContainers[*].image`,`spec.activeDeadlineSeconds`,`spec.tolerations` (only "
+                    "additions to existing tolerations),`spec.terminationGracePeriodSeconds` (allow it to be "
+                    "set to 1 if it was previously negative)",
+                )
+            ],
+        )
+
+
+def set_condition(
+    obj: Obj, type_: str, status: str, reason: str | None = None, message: str | None = None
+) -> None:
+    conditions = obj.setdefault("status", {}).setdefault("conditions", [])
+    current = next((c for c in conditions if c.get("type") == type_), None)
+    if current is None:
+        current = {"type": type_}
+        conditions.append(current)
+    if current.get("status") != status:
+        current["lastTransitionTime"] = now()
+    current["status"] = status
+    current["lastProbeTime"] = None
+    for field, value in (("reason", reason), ("message", message)):
+        if value is None:
+            current.pop(field, None)
+        else:
+            current[field] = value
