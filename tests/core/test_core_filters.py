@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tests.core import builders
 
 from deviceshare.core import filters, inventory, reasons
@@ -185,3 +187,57 @@ def test_member_admission_ignores_cordon_and_shared_mode_but_not_readiness() -> 
     pod = inventory.PodDemand()
     assert filters.admission_failure(builders.node(unschedulable=True, shared=False), pod, 0, 0) is None
     assert filters.admission_failure(builders.node(ready=False), pod, 0, 0) == reasons.NOT_READY
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    shared=st.booleans(),
+    ready=st.booleans(),
+    unschedulable=st.booleans(),
+    taint=st.sampled_from([None, T("k", "v", "NoSchedule"), T("k", "v", "PreferNoSchedule")]),
+    tolerate=st.booleans(),
+    zone=st.sampled_from(["a", "b"]),
+    pod_zone=st.sampled_from([None, "a", "b"]),
+    term_zone=st.sampled_from([None, "a", "b"]),
+    group_zone=st.sampled_from([None, "a", "b"]),
+    gpus=st.integers(0, 4),
+    need=st.integers(1, 4),
+    cpu=st.integers(0, 4),
+    used=st.integers(0, 4),
+    problems=st.booleans(),
+)
+def test_the_fast_check_agrees_with_first_failure(
+    shared: bool,
+    ready: bool,
+    unschedulable: bool,
+    taint: inventory.Taint | None,
+    tolerate: bool,
+    zone: str,
+    pod_zone: str | None,
+    term_zone: str | None,
+    group_zone: str | None,
+    gpus: int,
+    need: int,
+    cpu: int,
+    used: int,
+    problems: bool,
+) -> None:
+    node = builders.node(
+        shared=shared,
+        ready=ready,
+        unschedulable=unschedulable,
+        taints=(taint,) if taint else (),
+        labels={"zone": zone},
+        gpus=gpus,
+        cpu_milli=4000,
+        problems=("bad",) if problems else (),
+    )
+    pod = inventory.PodDemand(
+        cpu_milli=cpu * 1000,
+        node_selector={"zone": pod_zone} if pod_zone else {},
+        tolerations=(Tol("k", "Exists", "", ""),) if tolerate else (),
+        required_terms=(Term((Req("zone", "In", (term_zone,)),)),) if term_zone else (),
+    )
+    selector = {"zone": group_zone} if group_zone else {}
+    slow = filters.first_failure(node, node.devices, used * 1000, 0, {GPU: need}, selector, pod)
+    assert filters.passes(node, node.devices, used * 1000, 0, {GPU: need}, selector, pod) is (slow is None)
