@@ -241,3 +241,11 @@ def test_the_fast_check_agrees_with_first_failure(
     selector = {"zone": group_zone} if group_zone else {}
     slow = filters.first_failure(node, node.devices, used * 1000, 0, {GPU: need}, selector, pod)
     assert filters.passes(node, node.devices, used * 1000, 0, {GPU: need}, selector, pod) is (slow is None)
+
+
+def test_a_node_with_any_inventory_problem_offers_nothing() -> None:
+    # Unreadable cpu leaves the GPUs listed, but the node is still closed, by both checks.
+    node = builders.node(gpus=4, problems=("status.allocatable[cpu]: not a quantity: 'lots'",))
+    pod = inventory.PodDemand()
+    assert filters.first_failure(node, node.devices, 0, 0, {GPU: 1}, {}, pod) == reasons.INVALID_INVENTORY
+    assert not filters.passes(node, node.devices, 0, 0, {GPU: 1}, {}, pod)

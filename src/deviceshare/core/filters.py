@@ -90,10 +90,16 @@ def pod_matches(node: inventory.NodeInfo, pod: inventory.PodDemand) -> bool:
 def devices_failure(
     node: inventory.NodeInfo, free: Mapping[str, Sequence[str]], resources: Mapping[str, int]
 ) -> str | None:
-    """The first requested resource (by name) the node has too few free devices of."""
+    """The first requested resource (by name) the node has too few free devices of.
+
+    A node whose inventory could not be read (``problems``) offers nothing at all: guessing at
+    half of it could hand out the wrong devices.
+    """
+    if node.problems:
+        return reasons.INVALID_INVENTORY
     for resource in sorted(resources):
         if len(free.get(resource, ())) < resources[resource]:
-            return reasons.INVALID_INVENTORY if node.problems else reasons.insufficient(resource)
+            return reasons.insufficient(resource)
     return None
 
 
@@ -173,7 +179,7 @@ def passes(
     for resource, need in resources.items():
         if len(free.get(resource, ())) < need:
             return False
-    if not (node.shared and node.ready) or node.unschedulable:
+    if not (node.shared and node.ready) or node.unschedulable or node.problems:
         return False
     if group_selector and not selector_matches(node.labels, group_selector):
         return False
