@@ -7,6 +7,7 @@ snake_case in Python and camelCase on the wire.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
@@ -18,6 +19,8 @@ from deviceshare.api import names
 MAX_RESOURCES = 16
 MAX_DEVICES_PER_RESOURCE = 64
 MAX_MEMBERS_LIMIT = 10_000
+MAX_SELECTOR_ENTRIES = 64
+MAX_LABEL_VALUE_LENGTH = 63
 RESOURCE_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
 
 Strategy = Literal["binpack", "spread"]
@@ -25,6 +28,9 @@ Phase = Literal["Pending", "Bound", "Releasing"]
 ConditionStatus = Literal["True", "False", "Unknown"]
 DeviceCount = Annotated[int, Field(ge=1, le=MAX_DEVICES_PER_RESOURCE)]
 ResourceName = Annotated[str, StringConstraints(pattern=RESOURCE_NAME_PATTERN, max_length=253)]
+LabelValue = Annotated[str, StringConstraints(max_length=MAX_LABEL_VALUE_LENGTH)]
+# RFC 3339 as metav1.Time writes it; the CRD declares `format: date-time`.
+_RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$")
 
 
 class _Model(BaseModel):
@@ -41,7 +47,7 @@ class GroupSpec(_Model):
     model_config = ConfigDict(extra="forbid")
 
     resources: dict[ResourceName, DeviceCount] = Field(min_length=1, max_length=MAX_RESOURCES)
-    node_selector: dict[str, str] = Field(default_factory=dict)
+    node_selector: dict[str, LabelValue] = Field(default_factory=dict, max_length=MAX_SELECTOR_ENTRIES)
     scheduling_strategy: Strategy = "binpack"
     max_members: int = Field(default=0, ge=0, le=MAX_MEMBERS_LIMIT)
 
@@ -58,8 +64,15 @@ class Condition(_Model):
     status: ConditionStatus
     reason: str = ""
     message: str = ""
-    last_transition_time: str | None = None
+    last_transition_time: str | None = Field(default=None, json_schema_extra={"format": "date-time"})
     observed_generation: int | None = None
+
+    @field_validator("last_transition_time")
+    @classmethod
+    def _rfc3339(cls, v: str | None) -> str | None:
+        if v is not None and not _RFC3339.match(v):
+            raise ValueError(f"lastTransitionTime must be an RFC 3339 date-time, got {v!r}")
+        return v
 
 
 class GroupStatus(_Model):

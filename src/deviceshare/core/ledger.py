@@ -117,6 +117,12 @@ class LedgerSnapshot:
         for count in (reversed(counts[start:]) if descending else counts[start:]):
             yield from buckets[count]
 
+    def candidate_states(self, resource: str, need: int, descending: bool = False) -> Iterator[NodeState]:
+        """Like :meth:`candidates`, the node states themselves (the placement hot loop)."""
+        shards = self.nodes.shards
+        for name in self.candidates(resource, need, descending):
+            yield shards[hash(name) % _SHARDS][name]
+
     def candidate_count(self, resource: str, need: int) -> int:
         return sum(len(names) for count, names in self.index.get(resource, {}).items() if count >= need)
 
@@ -135,6 +141,10 @@ class NodeStates(Mapping[str, NodeState]):
 
     def __init__(self, shards: tuple[dict[str, NodeState], ...]) -> None:
         self._shards = shards
+
+    @property
+    def shards(self) -> tuple[dict[str, NodeState], ...]:
+        return self._shards
 
     def __getitem__(self, name: str) -> NodeState:
         return self._shards[hash(name) % _SHARDS][name]

@@ -19,7 +19,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from deviceshare.api import models
-from deviceshare.core import filters, inventory, ledger, reasons
+from deviceshare.core import filters, inventory, reasons
+from deviceshare.core import ledger as ledgers  # the parameter `ledger` is the DeviceLedger
 
 BINPACK = "binpack"
 SPREAD = "spread"
@@ -93,7 +94,7 @@ def choose_devices(offered: Sequence[str], free: Sequence[str], count: int) -> t
 
 
 def _failure(
-    state: ledger.NodeState, request: GroupRequest, pod: inventory.PodDemand
+    state: ledgers.NodeState, request: GroupRequest, pod: inventory.PodDemand
 ) -> str | None:
     return filters.first_failure(
         state.info, state.free, state.cpu_used, state.memory_used,
@@ -101,7 +102,14 @@ def _failure(
     )
 
 
-def _placement(state: ledger.NodeState, request: GroupRequest, revision: int) -> Placement:
+def _fits(state: ledgers.NodeState, request: GroupRequest, pod: inventory.PodDemand) -> bool:
+    return filters.passes(
+        state.info, state.free, state.cpu_used, state.memory_used,
+        request.resources, request.node_selector, pod,
+    )
+
+
+def _placement(state: ledgers.NodeState, request: GroupRequest, revision: int) -> Placement:
     devices = {
         resource: choose_devices(state.info.devices.get(resource, ()), state.free[resource], need)
         for resource, need in sorted(request.resources.items())
@@ -109,13 +117,13 @@ def _placement(state: ledger.NodeState, request: GroupRequest, revision: int) ->
     return Placement(state.info.name, devices, revision)
 
 
-def _slack(state: ledger.NodeState, request: GroupRequest) -> int:
+def _slack(state: ledgers.NodeState, request: GroupRequest) -> int:
     """Free devices the node keeps after placement, over the requested resources."""
     return sum(len(state.free.get(r, ())) - need for r, need in request.resources.items())
 
 
 def explain(
-    snapshot: ledger.LedgerSnapshot, request: GroupRequest, pod: inventory.PodDemand
+    snapshot: ledgers.LedgerSnapshot, request: GroupRequest, pod: inventory.PodDemand
 ) -> Unschedulable:
     """Every node's first failing reason, counted."""
     counted: collections.Counter[str] = collections.Counter()
@@ -127,27 +135,31 @@ def explain(
 
 
 def place_on(
-    snapshot: ledger.LedgerSnapshot, request: GroupRequest, pod: inventory.PodDemand
+    snapshot: ledgers.LedgerSnapshot, request: GroupRequest, pod: inventory.PodDemand
 ) -> Placement | Unschedulable:
     """The indexed decision on one snapshot (see the module docstring)."""
     descending = request.strategy == SPREAD
     nodes = snapshot.nodes
     if len(request.resources) == 1:
         ((resource, need),) = request.resources.items()
-        for name in snapshot.candidates(resource, need, descending):
-            state = nodes[name]
-            if _failure(state, request, pod) is None:
+        cpu, memory = pod.cpu_milli, pod.memory_bytes
+        for state in snapshot.candidate_states(resource, need, descending):
+            # Inline the commonest rejection on a busy cluster (out of cpu/memory): no calls.
+            info = state.info
+            if cpu > info.cpu_milli - state.cpu_used or memory > info.memory_bytes - state.memory_used:
+                continue
+            if _fits(state, request, pod):
                 return _placement(state, request, snapshot.revision)
         return explain(snapshot, request, pod)
     if not request.resources:
         return explain(snapshot, request, pod)
     # Several resources: the index of the scarcest one bounds the candidates; score them all.
     resource = min(request.resources, key=lambda r: (snapshot.candidate_count(r, request.resources[r]), r))
-    best: ledger.NodeState | None = None
+    best: ledgers.NodeState | None = None
     best_key: tuple[int, str] = (0, "")
     for name in snapshot.candidates(resource, request.resources[resource]):
         state = nodes[name]
-        if _failure(state, request, pod) is not None:
+        if not _fits(state, request, pod):
             continue
         key = (-_slack(state, request) if descending else _slack(state, request), name)
         if best is None or key < best_key:
@@ -158,12 +170,12 @@ def place_on(
 
 
 def place_linear(
-    snapshot: ledger.LedgerSnapshot, request: GroupRequest, pod: inventory.PodDemand
+    snapshot: ledgers.LedgerSnapshot, request: GroupRequest, pod: inventory.PodDemand
 ) -> Placement | Unschedulable:
     """The naive reference: filter and score every node. Same answers as :func:`place_on`, slower."""
     descending = request.strategy == SPREAD
     counted: collections.Counter[str] = collections.Counter()
-    best: ledger.NodeState | None = None
+    best: ledgers.NodeState | None = None
     best_key: tuple[int, str] = (0, "")
     for name, state in snapshot.nodes.items():
         failure = _failure(state, request, pod)
@@ -180,40 +192,40 @@ def place_linear(
 
 
 def place_group(
-    ledger_: ledger.DeviceLedger, request: GroupRequest, pod: inventory.PodDemand
+    ledger: ledgers.DeviceLedger, request: GroupRequest, pod: inventory.PodDemand
 ) -> Placement | Unschedulable:
     """Decide where a new group goes, for its first pod ``pod``; reserves nothing."""
-    return place_on(ledger_.snapshot(), request, pod)
+    return place_on(ledger.snapshot(), request, pod)
 
 
 def schedule_group(
-    ledger_: ledger.DeviceLedger, request: GroupRequest, pod: inventory.PodDemand, attempts: int = 5
-) -> ledger.Allocation | Unschedulable:
+    ledger: ledgers.DeviceLedger, request: GroupRequest, pod: inventory.PodDemand, attempts: int = 5
+) -> ledgers.Allocation | Unschedulable:
     """Place and reserve. A group that already holds devices gets its allocation back.
 
     If the reservation conflicts because the ledger moved since the snapshot, decide again on a
-    fresh snapshot (the DRA scheduler's discipline). Raises :class:`ledger.DeviceConflict` if the
-    conflict persists for ``attempts`` tries, or if it happens on an unchanged revision (a bug).
+    fresh snapshot (the DRA scheduler's discipline). Raises ``DeviceConflict`` if the conflict
+    persists for ``attempts`` tries, or if it happens on an unchanged revision (a bug).
     """
-    existing = ledger_.allocation(request.key)
+    existing = ledger.allocation(request.key)
     if existing is not None:
         return existing
-    conflict: ledger.DeviceConflict | None = None
+    conflict: ledgers.DeviceConflict | None = None
     for _ in range(max(1, attempts)):
-        decision = place_group(ledger_, request, pod)
+        decision = place_group(ledger, request, pod)
         if isinstance(decision, Unschedulable):
             return decision
         try:
-            return ledger_.reserve(request.key, decision.node, decision.devices)
-        except ledger.DeviceConflict as exc:
-            if ledger_.revision == decision.revision:
+            return ledger.reserve(request.key, decision.node, decision.devices)
+        except ledgers.DeviceConflict as exc:
+            if ledger.revision == decision.revision:
                 raise
             conflict = exc
     assert conflict is not None
     raise conflict
 
 
-def check_member(ledger_: ledger.DeviceLedger, node: str, pod: inventory.PodDemand) -> Unschedulable | None:
+def check_member(ledger: ledgers.DeviceLedger, node: str, pod: inventory.PodDemand) -> Unschedulable | None:
     """Can a pod join a group already bound to ``node``? None if it can.
 
     The node must exist and be Ready, its NoSchedule/NoExecute taints tolerated, the pod's own
@@ -221,9 +233,9 @@ def check_member(ledger_: ledger.DeviceLedger, node: str, pod: inventory.PodDema
     not account ``pod`` itself before asking). Cordon and shared mode are not checked: they stop
     new groups from landing on a node, not members joining a group bound there already.
     """
-    info = ledger_.node(node)
+    info = ledger.node(node)
     if info is None:
         return Unschedulable({reasons.NODE_NOT_FOUND: 1}, 1)
-    cpu, memory = ledger_.used(node)
+    cpu, memory = ledger.used(node)
     failure = filters.admission_failure(info, pod, cpu, memory)
     return None if failure is None else Unschedulable({failure: 1}, 1)

@@ -1,0 +1,199 @@
+"""The CRD and the pydantic models say the same thing, field by field.
+
+The API server enforces the CRD's schema; the operator and webhook parse with the models. If the
+two drift, the API server accepts what the operator then cannot read (or the other way round).
+Both are reduced to the same canonical form: type, enum, bounds, defaults, required fields, and
+for maps the value schema and the key rule (pattern and length, which the CRD can only state in
+a CEL rule).
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from deviceshare.api import models, names
+
+CRD_PATH = Path(__file__).resolve().parents[2] / "crds" / "shareddevicegroups.yaml"
+COMPARED = (
+    "type",
+    "enum",
+    "minimum",
+    "maximum",
+    "minLength",
+    "maxLength",
+    "minProperties",
+    "maxProperties",
+    "pattern",
+    "format",
+)
+# Formats that only say how wide an integer is on the wire; Python ints have no width.
+WIDTH_FORMATS = {"int32", "int64"}
+KEY_RULE = re.compile(r"self\.all\(k, (?:size\(k\) <= (\d+) && )?k\.matches\('([^']*)'\)\)")
+
+
+def crd() -> dict[str, Any]:
+    loaded: dict[str, Any] = yaml.safe_load(CRD_PATH.read_text())
+    return loaded
+
+
+def version_schema() -> dict[str, Any]:
+    (version,) = crd()["spec"]["versions"]
+    schema: dict[str, Any] = version["schema"]["openAPIV3Schema"]
+    return schema
+
+
+def canonical_crd(node: dict[str, Any], *, defaults: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {k: node[k] for k in COMPARED if k in node}
+    if out.get("format") in WIDTH_FORMATS:
+        del out["format"]
+    if defaults and "default" in node:
+        out["default"] = node["default"]
+    if node.get("required"):
+        out["required"] = sorted(node["required"])
+    if "properties" in node:
+        out["properties"] = {k: canonical_crd(v, defaults=defaults) for k, v in node["properties"].items()}
+    if "additionalProperties" in node:
+        out["values"] = canonical_crd(node["additionalProperties"], defaults=defaults)
+    if "items" in node:
+        out["items"] = canonical_crd(node["items"], defaults=defaults)
+    for rule in node.get("x-kubernetes-validations", ()):
+        match = KEY_RULE.fullmatch(rule["rule"])
+        if match:
+            out["keys"] = {
+                "pattern": match.group(2),
+                **({"maxLength": int(match.group(1))} if match.group(1) else {}),
+            }
+    return out
+
+
+def canonical_model(node: dict[str, Any], defs: dict[str, Any], *, defaults: bool) -> dict[str, Any]:
+    if "$ref" in node:
+        node = {**defs[node["$ref"].rsplit("/", 1)[-1]], **{k: v for k, v in node.items() if k != "$ref"}}
+    if "anyOf" in node:  # Optional[X]: absent on the wire, never null
+        (inner,) = [n for n in node["anyOf"] if n.get("type") != "null"]
+        node = {**{k: v for k, v in node.items() if k != "anyOf"}, **inner}
+    out: dict[str, Any] = {k: node[k] for k in COMPARED if k in node}
+    if defaults and "default" in node:
+        out["default"] = node["default"]
+    if node.get("required"):
+        out["required"] = sorted(node["required"])
+    if "properties" in node:
+        out["properties"] = {
+            k: canonical_model(v, defs, defaults=defaults) for k, v in node["properties"].items()
+        }
+    if isinstance(node.get("additionalProperties"), dict):
+        out["values"] = canonical_model(node["additionalProperties"], defs, defaults=defaults)
+    if "patternProperties" in node:
+        ((pattern, values),) = node["patternProperties"].items()
+        out["values"] = canonical_model(values, defs, defaults=defaults)
+        out["keys"] = {"pattern": pattern, **node.get("propertyNames", {})}
+    if "items" in node:
+        out["items"] = canonical_model(node["items"], defs, defaults=defaults)
+    return out
+
+
+def model_schema(
+    model: type[models.GroupSpec] | type[models.GroupStatus], *, defaults: bool
+) -> dict[str, Any]:
+    schema = model.model_json_schema(by_alias=True)
+    return canonical_model(schema, schema.get("$defs", {}), defaults=defaults)
+
+
+def test_spec_agrees_with_the_crd() -> None:
+    # Spec defaults matter both ways: the API server fills them in, the model assumes them.
+    assert model_schema(models.GroupSpec, defaults=True) == canonical_crd(
+        version_schema()["properties"]["spec"], defaults=True
+    )
+
+
+def test_status_agrees_with_the_crd() -> None:
+    # Status is written by the operator only; model defaults are how it reads an absent field and
+    # the CRD defaults none (a CRD default would have to appear in the model, compared below).
+    crd_status = version_schema()["properties"]["status"]
+    assert model_schema(models.GroupStatus, defaults=False) == canonical_crd(crd_status, defaults=False)
+    assert not [k for k, v in crd_status["properties"].items() if "default" in v]
+
+
+def test_the_comparison_notices_a_drift() -> None:
+    drifted = copy.deepcopy(version_schema()["properties"]["spec"])
+    drifted["properties"]["resources"]["additionalProperties"]["maximum"] = 65
+    assert model_schema(models.GroupSpec, defaults=True) != canonical_crd(drifted, defaults=True)
+    drifted = copy.deepcopy(version_schema()["properties"]["spec"])
+    drifted["properties"]["resources"]["x-kubernetes-validations"][0]["rule"] = (
+        "self.all(k, k.matches('^x$'))"
+    )
+    assert model_schema(models.GroupSpec, defaults=True) != canonical_crd(drifted, defaults=True)
+
+
+def test_names_and_printer_columns() -> None:
+    body = crd()
+    assert body["metadata"]["name"] == f"{names.PLURAL}.{names.GROUP}"
+    spec = body["spec"]
+    assert (spec["group"], spec["scope"]) == (names.GROUP, "Namespaced")
+    assert spec["names"] == {
+        "kind": names.KIND,
+        "listKind": f"{names.KIND}List",
+        "plural": names.PLURAL,
+        "singular": names.SINGULAR,
+        "shortNames": [names.SHORT_NAME],
+        "categories": [names.CATEGORY],
+    }
+    (version,) = spec["versions"]
+    assert version["name"] == names.VERSION and version["subresources"] == {"status": {}}
+    status_fields = {f.alias for f in models.GroupStatus.model_fields.values()}
+    columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
+    assert list(columns) == ["Phase", "Node", "Devices", "Members", "Age"]
+    for path in columns.values():
+        if path.startswith(".status."):
+            assert path.removeprefix(".status.") in status_fields
+
+
+@pytest.mark.parametrize(
+    ("spec", "valid"),
+    [
+        ({"resources": {"nvidia.com/gpu": 2}}, True),
+        ({"resources": {"nvidia.com/gpu": 2}, "nodeSelector": {"k": "v" * 63}}, True),
+        ({"resources": {"nvidia.com/gpu": 2}, "nodeSelector": {"k": "v" * 64}}, False),
+        ({"resources": {"nvidia.com/gpu": 2}, "nodeSelector": {f"k{i}": "v" for i in range(65)}}, False),
+        ({"resources": {f"x.io/{'r' * 250}": 1}}, False),
+        ({"resources": {}}, False),
+        ({"resources": {"gpu": 1}}, False),
+        ({"resources": {"nvidia.com/gpu": 65}}, False),
+        ({"resources": {"nvidia.com/gpu": 1}, "schedulingStrategy": "random"}, False),
+        ({"resources": {"nvidia.com/gpu": 1}, "maxMembers": 10_001}, False),
+    ],
+)
+def test_the_model_accepts_what_the_crd_accepts(spec: dict[str, Any], valid: bool) -> None:
+    """Both validators on the same inputs: the CRD's schema (jsonschema) plus its CEL key rule."""
+    import celpy
+    import jsonschema
+    from pydantic import ValidationError
+
+    crd_spec = version_schema()["properties"]["spec"]
+    schema_ok = jsonschema.Draft7Validator(crd_spec).is_valid(spec)
+    env = celpy.Environment()
+    (rule,) = crd_spec["properties"]["resources"]["x-kubernetes-validations"]
+    program = env.program(env.compile(rule["rule"]))
+    cel_ok = bool(program.evaluate({"self": celpy.json_to_cel(spec.get("resources", {}))}))
+    try:
+        models.GroupSpec.model_validate(spec)
+        model_ok = True
+    except ValidationError:
+        model_ok = False
+    assert (schema_ok and cel_ok) is valid
+    assert model_ok is valid
+
+
+@pytest.mark.parametrize("stamp", ["2026-11-22T09:00:00Z", "2026-11-22T09:00:00.123456+00:00"])
+def test_condition_time_is_rfc3339(stamp: str) -> None:
+    from pydantic import ValidationError
+
+    assert models.Condition(type="Scheduled", status="True", last_transition_time=stamp).last_transition_time
+    with pytest.raises(ValidationError, match="RFC 3339"):
+        models.Condition(type="Scheduled", status="True", last_transition_time="yesterday")
