@@ -39,7 +39,7 @@ async def kube(cluster: Sandbox) -> AsyncIterator[Kube]:
         yield k
 
 
-def test_config(cluster: Sandbox, **overrides: object) -> OperatorConfig:
+def operator_config(cluster: Sandbox, **overrides: object) -> OperatorConfig:
     base = OperatorConfig(
         kubeconfig=str(cluster.kubeconfig),
         metrics_port=None,
@@ -48,6 +48,7 @@ def test_config(cluster: Sandbox, **overrides: object) -> OperatorConfig:
         unschedulable_flush=1.0,
         status_debounce=0.01,
         election_settle=0.2,
+        worker_idle_timeout=0.2,
     )
     return dataclasses.replace(base, **overrides)  # type: ignore[arg-type]
 
@@ -83,6 +84,6 @@ async def start_operator(config: OperatorConfig) -> RunningOperator:
 
 @pytest.fixture
 async def operator(cluster: Sandbox) -> AsyncIterator[RunningOperator]:
-    running = await start_operator(test_config(cluster))
+    running = await start_operator(operator_config(cluster))
     yield running
     await running.stop()

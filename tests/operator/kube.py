@@ -24,6 +24,9 @@ class Kube:
     @asynccontextmanager
     async def connect(cls, kubeconfig: str) -> AsyncIterator[Kube]:
         api = await connecting.api_client(kubeconfig)
+        # A fresh connection per request: a pooled keep-alive connection was seen to stall after an
+        # operator restart in the same process (see docs/troubleshooting.md, sandbox notes).
+        api.rest_client.pool_manager._connector._force_close = True
         try:
             yield cls(api)
         finally:
@@ -32,9 +35,12 @@ class Kube:
     async def _json(self, coro: Any) -> Any:
         resp = await coro
         try:
-            return json.loads(await resp.read())
+            body = await resp.read()
         finally:
             resp.release()
+        if resp.status >= 400:  # without preloading, kubernetes_asyncio does not raise by itself
+            raise k8s.ApiException(status=resp.status, reason=body.decode(errors="replace"))
+        return json.loads(body)
 
     # -- objects -------------------------------------------------------------------------------
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.operator.conftest import start_operator, test_config
+from tests.operator.conftest import start_operator, operator_config
 from tests.operator.kube import Kube, selected
 
 from deviceshare.api import names
@@ -24,14 +24,14 @@ async def write_status(kube: Kube, ns: str, name: str, status: dict[str, Any]) -
 
 
 async def test_a_restarted_operator_keeps_every_allocation(cluster: Any, kube: Kube) -> None:
-    first = await start_operator(test_config(cluster))
+    first = await start_operator(operator_config(cluster))
     for i in range(6):
         await kube.create_group("r", f"g{i}", {GPU: 4})
         await kube.create_pod("r", f"p{i}", f"g{i}")
     before = [await kube.wait_bound("r", f"p{i}") for i in range(6)]
     await first.stop()
 
-    second = await start_operator(test_config(cluster))
+    second = await start_operator(operator_config(cluster))
     try:
         for i in range(6, 8):
             await kube.create_group("r", f"g{i}", {GPU: 4})
@@ -51,7 +51,7 @@ async def test_devices_claimed_twice_are_reported_on_both_groups_and_given_to_no
         await kube.create_group("c", name, {GPU: 2})
         await write_status(kube, "c", name, {"phase": "Bound", "nodeName": node, "allocatedDevices": {GPU: ["0", "1"]}})
 
-    running = await start_operator(test_config(cluster))
+    running = await start_operator(operator_config(cluster))
     try:
         for name, other in (("a", "c/b"), ("b", "c/a")):
             group = await kube.wait_group("c", name, lambda g: "DeviceConflict" in conditions(g), "DeviceConflict")
@@ -83,7 +83,7 @@ async def _message_contains(kube: Kube, ns: str, name: str, text: str) -> bool:
 
 
 async def test_a_lost_node_releases_devices_only_once_no_member_runs_there(cluster: Any, kube: Kube) -> None:
-    running = await start_operator(test_config(cluster))
+    running = await start_operator(operator_config(cluster))
     try:
         await kube.create_group("n", "g", {GPU: 2})
         await kube.create_pod("n", "p", "g")
@@ -113,7 +113,7 @@ async def test_a_lost_node_releases_devices_only_once_no_member_runs_there(clust
 async def test_metrics_are_served(cluster: Any, kube: Kube) -> None:
     import aiohttp
 
-    running = await start_operator(test_config(cluster, metrics_port=0, metrics_host="127.0.0.1"))
+    running = await start_operator(operator_config(cluster, metrics_port=0, metrics_host="127.0.0.1"))
     try:
         await kube.create_group("m", "g", {GPU: 1})
         await kube.create_pod("m", "p", "g")

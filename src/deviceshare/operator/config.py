@@ -32,6 +32,8 @@ class OperatorConfig:
     # A newly elected replica waits this long before rebuilding, so writes the previous leader had
     # already sent have landed and show in the API.
     election_settle: float = 2.0
+    # Kopf keeps a per-object worker this long after its last event (and waits for them when stopping).
+    worker_idle_timeout: float = 5.0
     metrics_host: str = "0.0.0.0"
     metrics_port: int | None = 8080
 

@@ -1,6 +1,7 @@
 """Kopf handlers: translate watch events and lifecycle hooks into calls on the :class:`Runtime`.
 
-Thin on purpose. Handlers are registered on a registry passed in, so tests can run several isolated
+Thin on purpose, and ``async`` on purpose: Kopf runs sync handlers in a thread pool, and our state
+is owned by the event loop. Handlers are registered on a registry passed in, so tests can run several isolated
 operators (e.g. two replicas under peering) in one process. Only ``on.event`` handlers are used:
 Kopf then keeps no progress annotations on pods or groups, and our own finalizer (not Kopf's) guards
 group deletion.
@@ -56,6 +57,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
         settings.watching.server_timeout = 300
         settings.watching.client_timeout = 330
         settings.networking.request_timeout = 30
+        settings.queueing.idle_timeout = config.worker_idle_timeout
         settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=names.GROUP)
         settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=names.GROUP)
         settings.peering.name = config.peering_name or "deviceshare"
@@ -81,13 +83,13 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
             await server.stop()
 
     @kopf.on.event("v1", "nodes", registry=registry)
-    def node_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+    async def node_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
         memo.runtime.on_node(event["type"], event["object"])
 
     @kopf.on.event(names.GROUP, names.VERSION, names.PLURAL, registry=registry)
-    def group_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+    async def group_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
         memo.runtime.on_group(event["type"], event["object"])
 
     @kopf.on.event("v1", "pods", registry=registry)
-    def pod_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+    async def pod_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
         memo.runtime.on_pod(event["type"], event["object"])

@@ -14,6 +14,7 @@ import secrets
 from collections.abc import Mapping
 from typing import Any
 
+import aiohttp
 import kopf
 from kubernetes_asyncio import client as k8s
 
@@ -44,30 +45,33 @@ def now_rfc3339() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _translate(e: k8s.ApiException, what: str) -> Exception:
-    body = e.body.decode() if isinstance(e.body, bytes) else str(e.body or "")
+def _translate(status: int, body: bytes | str | None, headers: Mapping[str, str] | None, what: str) -> Exception:
+    text_body = body.decode(errors="replace") if isinstance(body, bytes) else str(body or "")
     try:
-        message = json.loads(body).get("message", body)
+        message = json.loads(text_body).get("message", text_body)
     except (ValueError, AttributeError):
-        message = body
-    text = f"{what}: {e.status} {message}"
-    if e.status == 409:
+        message = text_body
+    text = f"{what}: {status} {message}"
+    if status == 409:
         return Conflict(text)
-    if e.status == 404:
+    if status == 404:
         return Gone(text)
-    if e.status in (400, 403, 415, 422):
+    if status in (400, 403, 415, 422):
         return Invalid(text)
     delay: float | None = None
-    if e.status == 429 and e.headers and e.headers.get("Retry-After", "").isdigit():
-        delay = float(e.headers["Retry-After"])
+    retry_after = (headers or {}).get("Retry-After", "")
+    if status == 429 and retry_after.isdigit():
+        delay = float(retry_after)
     return kopf.TemporaryError(text, delay=delay or 1.0)
 
 
 class ClusterApi:
     """Reads and writes for one ApiClient (created at start-up, closed at cleanup)."""
 
-    def __init__(self, api_client: k8s.ApiClient) -> None:
+    def __init__(self, api_client: k8s.ApiClient, *, request_timeout: float = 30.0) -> None:
         self._client = api_client
+        # No call may hang for ever: a stuck write would hold its group's lock.
+        self.request_timeout = request_timeout
 
     async def close(self) -> None:
         await self._client.close()
@@ -89,13 +93,20 @@ class ClusterApi:
                 auth_settings=["BearerToken"],
                 _preload_content=False,
                 _return_http_data_only=True,
+                _request_timeout=self.request_timeout,
             )
         except k8s.ApiException as e:
-            raise _translate(e, what) from e
+            raise _translate(e.status, e.body, e.headers, what) from e
+        except (aiohttp.ClientError, TimeoutError) as e:
+            raise kopf.TemporaryError(f"{what}: {e!r}", delay=1.0) from e
         try:
-            return json.loads(await resp.read())
+            data = await resp.read()
         finally:
             resp.release()
+        # Without preloading, kubernetes_asyncio hands back error responses instead of raising.
+        if resp.status >= 400:
+            raise _translate(resp.status, data, resp.headers, what)
+        return json.loads(data)
 
     # -- reads ---------------------------------------------------------------------------------
 

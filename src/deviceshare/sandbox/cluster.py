@@ -74,7 +74,8 @@ class Sandbox:
         crd_dir = crds if crds is not None else default_crds()
         if crd_dir is not None:
             for doc in load_manifests(crd_dir):
-                self.create(doc)
+                if doc.get("kind") != "Kustomization":  # crds/ is also a kustomize folder
+                    self.create(doc)
         for index in range(nodes):
             self.add_node(f"gpu-node-{index}")
 
