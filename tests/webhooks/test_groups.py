@@ -45,6 +45,10 @@ async def test_follows_group_changes(
     fake_api.put(GROUPS, fakeapi.group("ml", "trainer", {"amd.com/gpu": 2}, maxMembers=3))
     await fakeapi.until(lambda: getattr(index.group("ml", "trainer"), "max_members", 0) == 3)
     assert index.group("other", "trainer") is None
+    deleting = fakeapi.group("ml", "trainer", {"amd.com/gpu": 2})
+    deleting["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    fake_api.put(GROUPS, deleting)
+    await fakeapi.until(lambda: index.group("ml", "trainer") is admission.DELETING)
     fake_api.delete(GROUPS, "ml", "trainer")
     await fakeapi.until(lambda: index.group("ml", "trainer") is None)
 

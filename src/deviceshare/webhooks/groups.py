@@ -19,7 +19,7 @@ import contextlib
 import functools
 import logging
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any
 
 import pydantic
 from kubernetes_asyncio import client
@@ -44,17 +44,21 @@ class _Groups:
 
     def __init__(self) -> None:
         self.specs: dict[Key, models.GroupSpec] = {}
+        self.deleting: set[Key] = set()  # groups with a deletionTimestamp (held by the finalizer)
 
     def replace(self, objects: list[watching.Object]) -> None:
-        self.specs = {}
+        self.specs, self.deleting = {}, set()
         for obj in objects:
             self.apply("ADDED", obj)
 
     def apply(self, event_type: str, obj: watching.Object) -> None:
         key = _key(obj)
+        self.deleting.discard(key)
         if event_type == "DELETED":
             self.specs.pop(key, None)
             return
+        if (obj.get("metadata") or {}).get("deletionTimestamp"):
+            self.deleting.add(key)
         try:
             self.specs[key] = models.GroupSpec.model_validate(obj.get("spec") or {})
         except pydantic.ValidationError as e:
@@ -112,12 +116,11 @@ class GroupIndex:
 
     # -- GroupView --------------------------------------------------------------------------
 
-    def group(
-        self, namespace: str, name: str
-    ) -> models.GroupSpec | Literal[admission.Warming.WARMING] | None:
+    def group(self, namespace: str, name: str) -> models.GroupSpec | admission.Unjoinable | None:
         if not self.synced:
             return admission.WARMING
-        return self._groups.specs.get((namespace, name))
+        key = (namespace, name)
+        return admission.DELETING if key in self._groups.deleting else self._groups.specs.get(key)
 
     def member_count(self, namespace: str, name: str) -> int:
         return self._members.counts.get((namespace, name), 0)
