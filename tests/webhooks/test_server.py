@@ -161,3 +161,15 @@ async def test_env_config_and_scheduler_name_are_used(
         assert patch[-1]["value"] == [admission.env_entry("CUDA_VISIBLE_DEVICES")]
     finally:
         await running.stop()
+
+
+async def test_an_unforeseen_pod_shape_is_denied_not_a_500(
+    webhook: server.RunningWebhook, http: aiohttp.ClientSession
+) -> None:
+    await webhook.webhook.lookup.wait_synced(5.0)
+    body = pod("trainer", containers=["not-a-container"])  # type: ignore[list-item]
+    status, answer = await post(http, webhook, make_review(body, uid="odd"))
+    assert status == 200
+    assert answer["response"]["uid"] == "odd"
+    assert answer["response"]["allowed"] is False
+    assert "could not process this pod" in answer["response"]["status"]["message"]

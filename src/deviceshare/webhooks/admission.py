@@ -67,7 +67,7 @@ class Decision:
     patch: list[dict[str, Any]] = field(default_factory=list)
     message: str = ""
     code: int = 200
-    # Why, in one word, for metrics: skipped | unchanged | patched | denied | warming.
+    # Why, in one word, for metrics: skipped | unchanged | patched | denied | warming | error.
     outcome: str = "skipped"
 
 

@@ -13,6 +13,7 @@ An opted-in pod that arrives before the caches have synced waits for them a boun
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gc
 import json
 import logging
@@ -76,9 +77,18 @@ class Webhook:
             body = json.loads(await request.read())
             if not self.lookup.synced and _opted_in(body):
                 await self.lookup.wait_synced(self.settings.warmup_timeout_s)
-            decision = admission.decide(
-                body, self.lookup, self.settings.env_names, self.settings.scheduler_name
-            )
+            try:
+                decision = admission.decide(
+                    body, self.lookup, self.settings.env_names, self.settings.scheduler_name
+                )
+            except admission.MalformedReview:
+                raise
+            except Exception as e:
+                # A pod shape the engine did not foresee: deny it with the reason rather than
+                # answer 500, which the API server would report as "failed calling webhook".
+                logger.exception("admission failed")
+                decision = admission.deny(f"deviceshare webhook could not process this pod: {e!r}", code=500)
+                decision = dataclasses.replace(decision, outcome="error")
             answer = admission.respond(body, decision)
         except (ValueError, admission.MalformedReview) as e:
             self.metrics.observe("malformed", time.perf_counter() - started)
