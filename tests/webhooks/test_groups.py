@@ -138,9 +138,7 @@ async def test_lists_in_pages(fake_api: fakeapi.FakeApi, api_client: client.ApiC
     for i in range(7):
         fake_api.put(PODS, fakeapi.member("ml", f"p{i}", "trainer"))
     index = groups.GroupIndex()
-    index.start(api_client)
-    for r in index.reflectors:
-        r._page_size = 3
+    index.start(api_client, page_size=3)
     try:
         await index.wait_synced(5.0)
         assert index.member_count("ml", "trainer") == 7

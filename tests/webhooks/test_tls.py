@@ -98,7 +98,8 @@ async def test_half_written_rotation_keeps_the_old_certificate(
     _, cert_file, _ = tls_files
     other = certs.generate(["localhost", "127.0.0.1"])
     cert_file.write_bytes(other.cert_pem)  # new certificate, old key: not a pair
-    metrics = running.webhook.metrics.certificate_reloads
-    await fakeapi.until(lambda: metrics.labels(result="failed")._value.get() >= 1)
+    registry = running.webhook.metrics.registry
+    sample = "deviceshare_webhook_certificate_reloads_total"
+    await fakeapi.until(lambda: (registry.get_sample_value(sample, {"result": "failed"}) or 0) >= 1)
     assert running.reloader.generation == 1
     assert await healthz(running.url, bundle.ca_pem) == 200

@@ -140,7 +140,7 @@ class GroupIndex:
             await asyncio.wait_for(asyncio.gather(*waits), timeout_s)
         return self.synced
 
-    def start(self, api: client.ApiClient, *, watch_timeout_s: int = 300) -> None:
+    def start(self, api: client.ApiClient, *, watch_timeout_s: int = 300, page_size: int = 500) -> None:
         """Start both list+watch loops on ``api`` (which the caller keeps and closes)."""
         groups_call = functools.partial(
             client.CustomObjectsApi(api).list_cluster_custom_object, names.GROUP, names.VERSION, names.PLURAL
@@ -149,8 +149,11 @@ class GroupIndex:
             client.CoreV1Api(api).list_pod_for_all_namespaces, label_selector=names.POD_GROUP_LABEL
         )
         self.reflectors = [
-            watching.Reflector(groups_call, self._groups, name=names.PLURAL, watch_timeout_s=watch_timeout_s),
-            watching.Reflector(pods_call, self._members, name="member pods", watch_timeout_s=watch_timeout_s),
+            watching.Reflector(call, sink, name=name, watch_timeout_s=watch_timeout_s, page_size=page_size)
+            for call, sink, name in (
+                (groups_call, self._groups, names.PLURAL),
+                (pods_call, self._members, "member pods"),
+            )
         ]
         self._tasks = [asyncio.create_task(r.run(), name=f"watch {r.name}") for r in self.reflectors]
 
