@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
@@ -145,6 +146,13 @@ class FakeApi:
         finally:
             self.watchers.remove(entry)
         return resp
+
+
+async def until(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    """Wait for state that a watch or a reload changes in the background (no event to wait on)."""
+    async with asyncio.timeout(timeout_s):
+        while not condition():  # noqa: ASYNC110
+            await asyncio.sleep(0.005)
 
 
 def group(namespace: str, name: str, resources: dict[str, int] | None = None, **spec: Any) -> dict[str, Any]:

@@ -8,7 +8,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import jsonpatch
 import pytest
@@ -30,11 +30,12 @@ class Groups:
     specs: dict[tuple[str, str], models.GroupSpec] = field(default_factory=dict)
     members: dict[tuple[str, str], int] = field(default_factory=dict)
     warming: bool = False
+    deleting: set[tuple[str, str]] = field(default_factory=set)
 
-    def group(
-        self, namespace: str, name: str
-    ) -> models.GroupSpec | Literal[admission.Warming.WARMING] | None:
-        return admission.WARMING if self.warming else self.specs.get((namespace, name))
+    def group(self, namespace: str, name: str) -> models.GroupSpec | admission.Unjoinable | None:
+        if self.warming:
+            return admission.WARMING
+        return admission.DELETING if (namespace, name) in self.deleting else self.specs.get((namespace, name))
 
     def member_count(self, namespace: str, name: str) -> int:
         return self.members.get((namespace, name), 0)
@@ -174,6 +175,14 @@ def test_max_members_counts_the_new_pod(max_members: int, members: int, allowed:
     assert response["allowed"] is allowed
     if not allowed:
         assert f"already has {members} of its maxMembers={max_members}" in response["status"]["message"]
+
+
+def test_group_being_deleted_takes_no_new_members() -> None:
+    view = groups(trainer=TRAINER)
+    view.deleting.add((NS, "trainer"))
+    response = run(make_review(pod()), view)["response"]
+    assert response["allowed"] is False
+    assert "'trainer' is being deleted" in response["status"]["message"]
 
 
 def test_group_in_another_namespace_is_not_found() -> None:

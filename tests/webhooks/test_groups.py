@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import pytest
 from kubernetes_asyncio import client
@@ -11,13 +10,6 @@ from tests.webhooks import fakeapi
 from tests.webhooks.fakeapi import GROUPS, PODS
 
 from deviceshare.webhooks import admission, groups
-
-
-async def until(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
-    """Wait for something the watch delivers asynchronously."""
-    async with asyncio.timeout(timeout_s):
-        while not condition():
-            await asyncio.sleep(0.005)
 
 
 @pytest.fixture
@@ -49,12 +41,16 @@ async def test_follows_group_changes(
     await index.wait_synced(5.0)
     assert index.group("ml", "trainer") is None
     fake_api.put(GROUPS, fakeapi.group("ml", "trainer", {"amd.com/gpu": 2}))
-    await until(lambda: index.group("ml", "trainer") is not None)
+    await fakeapi.until(lambda: index.group("ml", "trainer") is not None)
     fake_api.put(GROUPS, fakeapi.group("ml", "trainer", {"amd.com/gpu": 2}, maxMembers=3))
-    await until(lambda: getattr(index.group("ml", "trainer"), "max_members", 0) == 3)
+    await fakeapi.until(lambda: getattr(index.group("ml", "trainer"), "max_members", 0) == 3)
     assert index.group("other", "trainer") is None
+    deleting = fakeapi.group("ml", "trainer", {"amd.com/gpu": 2})
+    deleting["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    fake_api.put(GROUPS, deleting)
+    await fakeapi.until(lambda: index.group("ml", "trainer") is admission.DELETING)
     fake_api.delete(GROUPS, "ml", "trainer")
-    await until(lambda: index.group("ml", "trainer") is None)
+    await fakeapi.until(lambda: index.group("ml", "trainer") is None)
 
 
 async def test_invalid_spec_is_treated_as_absent(
@@ -88,13 +84,13 @@ async def test_member_count_excludes_terminated_and_deleting(
     assert index.member_count("dev", "trainer") == 1
 
     fake_api.put(PODS, fakeapi.member("ml", "f", "trainer"))
-    await until(lambda: index.member_count("ml", "trainer") == 2)
+    await fakeapi.until(lambda: index.member_count("ml", "trainer") == 2)
     fake_api.put(PODS, fakeapi.member("ml", "a", "trainer", "Failed"))  # a terminates
-    await until(lambda: index.member_count("ml", "trainer") == 1)
+    await fakeapi.until(lambda: index.member_count("ml", "trainer") == 1)
     fake_api.delete(PODS, "ml", "f")
-    await until(lambda: index.member_count("ml", "trainer") == 0)
+    await fakeapi.until(lambda: index.member_count("ml", "trainer") == 0)
     fake_api.delete(PODS, "ml", "d")
-    await until(lambda: index.member_count("ml", "other") == 0)
+    await fakeapi.until(lambda: index.member_count("ml", "other") == 0)
 
 
 async def test_resumes_after_watch_ends_without_relisting(
@@ -102,10 +98,10 @@ async def test_resumes_after_watch_ends_without_relisting(
 ) -> None:
     index.start(api_client)
     await index.wait_synced(5.0)
-    await until(lambda: fake_api.watch_count(GROUPS) == 1)
+    await fakeapi.until(lambda: fake_api.watch_count(GROUPS) == 1)
     fake_api.end_watches()
     fake_api.put(GROUPS, fakeapi.group("ml", "late"))  # happens while no watch is open
-    await until(lambda: index.group("ml", "late") is not None)
+    await fakeapi.until(lambda: index.group("ml", "late") is not None)
     assert all(r.relists == 1 for r in index.reflectors)
     lists = [q for c, q in fake_api.requests if c == GROUPS and "watch" not in q]
     assert len(lists) == 1
@@ -117,13 +113,13 @@ async def test_relists_when_resource_version_expired(
     fake_api.put(GROUPS, fakeapi.group("ml", "old"))
     index.start(api_client)
     await index.wait_synced(5.0)
-    await until(lambda: fake_api.watch_count(GROUPS) == 1)
+    await fakeapi.until(lambda: fake_api.watch_count(GROUPS) == 1)
     fake_api.end_watches()
     # While disconnected: history is compacted, so the resumed watch gets 410 and must relist.
     fake_api.delete(GROUPS, "ml", "old")
     fake_api.put(GROUPS, fakeapi.group("ml", "new"))
     fake_api.compact()
-    await until(lambda: index.group("ml", "new") is not None)
+    await fakeapi.until(lambda: index.group("ml", "new") is not None)
     assert index.group("ml", "old") is None
     assert index.reflectors[0].relists >= 2
 
@@ -142,9 +138,7 @@ async def test_lists_in_pages(fake_api: fakeapi.FakeApi, api_client: client.ApiC
     for i in range(7):
         fake_api.put(PODS, fakeapi.member("ml", f"p{i}", "trainer"))
     index = groups.GroupIndex()
-    index.start(api_client)
-    for r in index.reflectors:
-        r._page_size = 3
+    index.start(api_client, page_size=3)
     try:
         await index.wait_synced(5.0)
         assert index.member_count("ml", "trainer") == 7

@@ -21,7 +21,7 @@ import json
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 from deviceshare.api import envnames, models, names
 
@@ -34,20 +34,22 @@ _GROUP_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _MAX_GROUP_NAME = 63
 
 
-class Warming(enum.Enum):
-    """The group cache has not finished its first list yet: the answer is not known."""
+class Unjoinable(enum.Enum):
+    """Why a group that may exist cannot take a new member right now."""
 
-    WARMING = "warming"
+    WARMING = "warming"  # the cache has not finished its first list: the answer is not known
+    DELETING = "deleting"  # the group has a deletionTimestamp; a new member would hold it forever
 
 
-WARMING = Warming.WARMING
+WARMING = Unjoinable.WARMING
+DELETING = Unjoinable.DELETING
 
 
 class GroupView(Protocol):
     """What the decision needs to know about the cluster, answered from memory."""
 
-    def group(self, namespace: str, name: str) -> models.GroupSpec | Literal[Warming.WARMING] | None:
-        """The group's spec, ``None`` if no such group exists, ``WARMING`` if not known yet."""
+    def group(self, namespace: str, name: str) -> models.GroupSpec | Unjoinable | None:
+        """The group's spec, ``None`` if no such group exists, or why it cannot be joined."""
 
     def member_count(self, namespace: str, name: str) -> int:
         """Live pods (not terminated, not deleting) already labelled as members of the group."""
@@ -65,7 +67,7 @@ class Decision:
     patch: list[dict[str, Any]] = field(default_factory=list)
     message: str = ""
     code: int = 200
-    # Why, in one word, for metrics: skipped | unchanged | patched | denied | warming.
+    # Why, in one word, for metrics: skipped | unchanged | patched | denied | warming | error.
     outcome: str = "skipped"
 
 
@@ -139,8 +141,10 @@ def mutate(
             f"{group_name!r} must be placed by {scheduler_name}, remove spec.nodeName"
         )
     group = lookup.group(namespace, group_name)
-    if group is WARMING:
+    if group is Unjoinable.WARMING:
         return deny(RETRY_MESSAGE, code=503, outcome="warming")
+    if group is Unjoinable.DELETING:
+        return deny(f"SharedDeviceGroup {group_name!r} is being deleted; pods can no longer join it")
     if group is None:
         return deny(f"SharedDeviceGroup {group_name!r} does not exist in namespace {namespace!r}")
 

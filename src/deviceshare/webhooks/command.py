@@ -49,7 +49,8 @@ def run(args: argparse.Namespace) -> int:
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     env_names = envnames.EnvNames.from_file(args.env_config) if args.env_config else envnames.EnvNames()
-    asyncio.run(_serve(args, env_names))
+    with asyncio.Runner(loop_factory=server.event_loop_factory()) as runner:
+        runner.run(_serve(args, env_names))
     return 0
 
 
@@ -64,6 +65,7 @@ async def _serve(args: argparse.Namespace, env_names: envnames.EnvNames) -> None
         scheduler_name=os.environ.get(names.ENV_SCHEDULER_NAME) or names.DEFAULT_SCHEDULER_NAME,
         reload_interval_s=args.reload_interval,
     )
+    server.freeze_startup_heap()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)

@@ -19,7 +19,7 @@ import contextlib
 import functools
 import logging
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any
 
 import pydantic
 from kubernetes_asyncio import client
@@ -44,17 +44,21 @@ class _Groups:
 
     def __init__(self) -> None:
         self.specs: dict[Key, models.GroupSpec] = {}
+        self.deleting: set[Key] = set()  # groups with a deletionTimestamp (held by the finalizer)
 
     def replace(self, objects: list[watching.Object]) -> None:
-        self.specs = {}
+        self.specs, self.deleting = {}, set()
         for obj in objects:
             self.apply("ADDED", obj)
 
     def apply(self, event_type: str, obj: watching.Object) -> None:
         key = _key(obj)
+        self.deleting.discard(key)
         if event_type == "DELETED":
             self.specs.pop(key, None)
             return
+        if (obj.get("metadata") or {}).get("deletionTimestamp"):
+            self.deleting.add(key)
         try:
             self.specs[key] = models.GroupSpec.model_validate(obj.get("spec") or {})
         except pydantic.ValidationError as e:
@@ -112,12 +116,11 @@ class GroupIndex:
 
     # -- GroupView --------------------------------------------------------------------------
 
-    def group(
-        self, namespace: str, name: str
-    ) -> models.GroupSpec | Literal[admission.Warming.WARMING] | None:
+    def group(self, namespace: str, name: str) -> models.GroupSpec | admission.Unjoinable | None:
         if not self.synced:
             return admission.WARMING
-        return self._groups.specs.get((namespace, name))
+        key = (namespace, name)
+        return admission.DELETING if key in self._groups.deleting else self._groups.specs.get(key)
 
     def member_count(self, namespace: str, name: str) -> int:
         return self._members.counts.get((namespace, name), 0)
@@ -137,7 +140,7 @@ class GroupIndex:
             await asyncio.wait_for(asyncio.gather(*waits), timeout_s)
         return self.synced
 
-    def start(self, api: client.ApiClient, *, watch_timeout_s: int = 300) -> None:
+    def start(self, api: client.ApiClient, *, watch_timeout_s: int = 300, page_size: int = 500) -> None:
         """Start both list+watch loops on ``api`` (which the caller keeps and closes)."""
         groups_call = functools.partial(
             client.CustomObjectsApi(api).list_cluster_custom_object, names.GROUP, names.VERSION, names.PLURAL
@@ -146,8 +149,11 @@ class GroupIndex:
             client.CoreV1Api(api).list_pod_for_all_namespaces, label_selector=names.POD_GROUP_LABEL
         )
         self.reflectors = [
-            watching.Reflector(groups_call, self._groups, name=names.PLURAL, watch_timeout_s=watch_timeout_s),
-            watching.Reflector(pods_call, self._members, name="member pods", watch_timeout_s=watch_timeout_s),
+            watching.Reflector(call, sink, name=name, watch_timeout_s=watch_timeout_s, page_size=page_size)
+            for call, sink, name in (
+                (groups_call, self._groups, names.PLURAL),
+                (pods_call, self._members, "member pods"),
+            )
         ]
         self._tasks = [asyncio.create_task(r.run(), name=f"watch {r.name}") for r in self.reflectors]
 

@@ -23,7 +23,7 @@ class WebhookMetrics:
         self.admissions = prometheus_client.Counter(
             f"{PREFIX}admission_requests",
             "AdmissionReview requests answered, by outcome "
-            "(skipped, unchanged, patched, denied, warming, malformed).",
+            "(skipped, unchanged, patched, denied, warming, error, malformed).",
             ["outcome"],
             registry=self.registry,
         )

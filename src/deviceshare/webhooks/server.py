@@ -13,9 +13,12 @@ An opted-in pod that arrives before the caches have synced waits for them a boun
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import gc
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -74,9 +77,18 @@ class Webhook:
             body = json.loads(await request.read())
             if not self.lookup.synced and _opted_in(body):
                 await self.lookup.wait_synced(self.settings.warmup_timeout_s)
-            decision = admission.decide(
-                body, self.lookup, self.settings.env_names, self.settings.scheduler_name
-            )
+            try:
+                decision = admission.decide(
+                    body, self.lookup, self.settings.env_names, self.settings.scheduler_name
+                )
+            except admission.MalformedReview:
+                raise
+            except Exception as e:
+                # A pod shape the engine did not foresee: deny it with the reason rather than
+                # answer 500, which the API server would report as "failed calling webhook".
+                logger.exception("admission failed")
+                decision = admission.deny(f"deviceshare webhook could not process this pod: {e!r}", code=500)
+                decision = dataclasses.replace(decision, outcome="error")
             answer = admission.respond(body, decision)
         except (ValueError, admission.MalformedReview) as e:
             self.metrics.observe("malformed", time.perf_counter() - started)
@@ -96,6 +108,24 @@ class Webhook:
 
     async def exposition(self, request: web.Request) -> web.Response:
         return web.Response(body=self.metrics.exposition(), headers={"Content-Type": metrics.CONTENT_TYPE})
+
+
+def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop's loop where installed (less overhead per request; ``docs/benchmarks.md`` compares
+    it with asyncio's default loop side by side), else ``None``: asyncio's default loop."""
+    try:
+        import uvloop  # type: ignore[import-not-found, unused-ignore]
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
+
+
+def freeze_startup_heap() -> None:
+    """Move everything allocated at startup (client libraries, models) out of the garbage
+    collector's reach: a full collection over that heap costs tens of milliseconds, which would
+    land on some admission's latency. For a long-running server process, called once it serves."""
+    gc.collect()
+    gc.freeze()
 
 
 def _opted_in(body: Any) -> bool:

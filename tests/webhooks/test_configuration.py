@@ -1,0 +1,75 @@
+"""The MutatingWebhookConfiguration: valid for Kubernetes, and calls the webhook only when it should."""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import celpy
+import kubernetes_validate
+import pytest
+
+from deviceshare.api import names
+from deviceshare.webhooks import configuration
+
+CA = b"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"service_name": "deviceshare-webhook"}, {"url": "https://127.0.0.1:8443"}],
+    ids=["service", "url"],
+)
+def test_validates_against_the_kubernetes_schema(kwargs: dict[str, Any]) -> None:
+    body = configuration.build(ca_bundle=CA, **kwargs)
+    kubernetes_validate.validate(body, "1.32.0", strict=True)
+
+
+def test_safety_settings() -> None:
+    (hook,) = configuration.build(ca_bundle=CA, service_name="wh", service_namespace="gpu-ops")["webhooks"]
+    assert hook["failurePolicy"] == "Fail"
+    assert hook["sideEffects"] == "None"
+    assert hook["timeoutSeconds"] <= 5
+    assert hook["reinvocationPolicy"] == "IfNeeded"
+    assert hook["rules"][0]["operations"] == ["CREATE"]
+    (expr,) = hook["namespaceSelector"]["matchExpressions"]
+    assert expr["operator"] == "NotIn"
+    assert set(expr["values"]) == {"kube-system", "gpu-ops"}
+    assert hook["clientConfig"]["service"] == {
+        "name": "wh",
+        "namespace": "gpu-ops",
+        "path": "/mutate-pods",
+        "port": 443,
+    }
+    assert base64.b64decode(hook["clientConfig"]["caBundle"]) == CA
+
+
+def test_url_form_points_at_the_mutate_path() -> None:
+    (hook,) = configuration.build(ca_bundle="Q0E=", url="https://127.0.0.1:9443/")["webhooks"]
+    assert hook["clientConfig"] == {"caBundle": "Q0E=", "url": "https://127.0.0.1:9443/mutate-pods"}
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{}, {"service_name": "a", "url": "https://x"}, {"service_name": "a", "timeout_seconds": 10}]
+)
+def test_rejects_bad_arguments(kwargs: dict[str, Any]) -> None:
+    with pytest.raises(ValueError):
+        configuration.build(ca_bundle=CA, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("metadata", "matches"),
+    [
+        ({"name": "p"}, False),
+        ({"name": "p", "annotations": {"other": "x"}}, False),
+        ({"name": "p", "annotations": {names.POD_GROUP_ANNOTATION: "trainer"}}, True),
+        ({"name": "p", "annotations": {names.POD_GROUP_ANNOTATION: ""}}, True),  # the webhook denies it
+    ],
+)
+def test_match_condition_selects_opted_in_pods(metadata: dict[str, Any], matches: bool) -> None:
+    (hook,) = configuration.build(ca_bundle=CA, service_name="wh")["webhooks"]
+    (condition,) = hook["matchConditions"]
+    env = celpy.Environment()
+    program = env.program(env.compile(condition["expression"]))
+    result = program.evaluate({"object": celpy.json_to_cel({"metadata": metadata, "spec": {}})})
+    assert bool(result) is matches

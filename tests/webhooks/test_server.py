@@ -1,0 +1,175 @@
+"""The whole path: a real AdmissionReview over real HTTPS to the server, groups from a fake API."""
+
+from __future__ import annotations
+
+import base64
+import json
+import ssl
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from kubernetes_asyncio import client
+from tests.webhooks import fakeapi
+from tests.webhooks.fakeapi import GROUPS, PODS
+from tests.webhooks.test_admission import make_review, pod
+
+from deviceshare.api import envnames, names
+from deviceshare.webhooks import admission, certs, server
+
+
+def trusting(ca_pem: bytes) -> ssl.SSLContext:
+    return ssl.create_default_context(cadata=ca_pem.decode())
+
+
+@pytest.fixture
+async def webhook(
+    fake_api: fakeapi.FakeApi, api_client: client.ApiClient, tls_files: tuple[Path, Path, Path]
+) -> AsyncIterator[server.RunningWebhook]:
+    fake_api.put(GROUPS, fakeapi.group("ml", "trainer", {"nvidia.com/gpu": 2}, maxMembers=2))
+    _, cert, key = tls_files
+    running = await server.start_webhook(
+        tls_cert=cert, tls_key=key, api_client=api_client, host="127.0.0.1", warmup_timeout_s=0.2
+    )
+    yield running
+    await running.stop()
+
+
+@pytest.fixture
+async def http(bundle: certs.CertBundle) -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=trusting(bundle.ca_pem))) as session:
+        yield session
+
+
+async def post(http: aiohttp.ClientSession, running: server.RunningWebhook, body: Any) -> tuple[int, Any]:
+    async with http.post(
+        running.mutate_url, data=json.dumps(body), headers={"Content-Type": "application/json"}
+    ) as r:
+        return r.status, await r.json()
+
+
+async def test_admission_over_https(webhook: server.RunningWebhook, http: aiohttp.ClientSession) -> None:
+    await webhook.webhook.lookup.wait_synced(5.0)
+    status, answer = await post(http, webhook, make_review(pod("trainer"), uid="e2e-1"))
+    assert status == 200
+    assert answer["kind"] == "AdmissionReview"
+    assert answer["response"]["uid"] == "e2e-1"
+    assert answer["response"]["allowed"] is True
+    patch = json.loads(base64.b64decode(answer["response"]["patch"]))
+    assert {"op": "add", "path": "/spec/schedulerName", "value": names.DEFAULT_SCHEDULER_NAME} in patch
+    assert patch[-1]["value"] == [admission.env_entry("NVIDIA_VISIBLE_DEVICES")]
+
+
+async def test_denials_and_member_limit_over_https(
+    webhook: server.RunningWebhook, http: aiohttp.ClientSession, fake_api: fakeapi.FakeApi
+) -> None:
+    await webhook.webhook.lookup.wait_synced(5.0)
+    _, answer = await post(http, webhook, make_review(pod("missing")))
+    assert answer["response"]["allowed"] is False
+    assert "'missing' does not exist" in answer["response"]["status"]["message"]
+
+    fake_api.put(PODS, fakeapi.member("ml", "m0", "trainer", "Running"))
+    fake_api.put(PODS, fakeapi.member("ml", "m1", "trainer", "Running"))
+    for _ in range(200):  # the member watch delivers asynchronously
+        _, answer = await post(http, webhook, make_review(pod("trainer")))
+        if not answer["response"]["allowed"]:
+            break
+    assert "already has 2 of its maxMembers=2 members" in answer["response"]["status"]["message"]
+
+
+async def test_not_ready_and_retry_denial_while_the_api_is_slow(
+    fake_api: fakeapi.FakeApi,
+    api_client: client.ApiClient,
+    tls_files: tuple[Path, Path, Path],
+    http: aiohttp.ClientSession,
+) -> None:
+    fake_api.list_delay_s = 1.0
+    fake_api.put(GROUPS, fakeapi.group("ml", "trainer"))
+    _, cert, key = tls_files
+    running = await server.start_webhook(
+        tls_cert=cert, tls_key=key, api_client=api_client, warmup_timeout_s=0.05
+    )
+    try:
+        async with http.get(running.url + "/readyz") as r:
+            assert r.status == 503
+        async with http.get(running.url + "/healthz") as r:
+            assert r.status == 200
+        # Pods that don't opt in never wait.
+        _, answer = await post(http, running, make_review(pod(None)))
+        assert answer["response"]["allowed"] is True
+        _, answer = await post(http, running, make_review(pod("trainer")))
+        assert answer["response"]["allowed"] is False
+        assert answer["response"]["status"]["message"] == admission.RETRY_MESSAGE
+        # Once synced (within the bounded wait) the same pod is admitted.
+        running.webhook.settings.warmup_timeout_s = 5.0
+        _, answer = await post(http, running, make_review(pod("trainer")))
+        assert answer["response"]["allowed"] is True
+        async with http.get(running.url + "/readyz") as r:
+            assert r.status == 200
+    finally:
+        await running.stop()
+
+
+async def test_malformed_body_is_a_400(webhook: server.RunningWebhook, http: aiohttp.ClientSession) -> None:
+    async with http.post(webhook.mutate_url, data=b"{not json") as r:
+        assert r.status == 400
+    status, _ = await post(http, webhook, {"kind": "AdmissionReview"})
+    assert status == 400
+
+
+async def test_metrics_count_outcomes(webhook: server.RunningWebhook, http: aiohttp.ClientSession) -> None:
+    await webhook.webhook.lookup.wait_synced(5.0)
+    await post(http, webhook, make_review(pod("trainer")))
+    await post(http, webhook, make_review(pod("missing")))
+    await post(http, webhook, make_review(pod(None)))
+    async with http.get(webhook.url + "/metrics") as r:
+        text = await r.text()
+        assert r.headers["Content-Type"].startswith("text/plain")
+    samples = {
+        line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines() if line and line[0] != "#"
+    }
+    prefix = "deviceshare_webhook_admission_requests_total"
+    assert samples[f'{prefix}{{outcome="patched"}}'] == 1
+    assert samples[f'{prefix}{{outcome="denied"}}'] == 1
+    assert samples[f'{prefix}{{outcome="skipped"}}'] == 1
+    assert samples["deviceshare_webhook_admission_duration_seconds_count"] == 3
+    assert samples["deviceshare_webhook_cache_synced"] == 1
+
+
+async def test_env_config_and_scheduler_name_are_used(
+    fake_api: fakeapi.FakeApi,
+    api_client: client.ApiClient,
+    tls_files: tuple[Path, Path, Path],
+    http: aiohttp.ClientSession,
+) -> None:
+    fake_api.put(GROUPS, fakeapi.group("ml", "trainer"))
+    _, cert, key = tls_files
+    running = await server.start_webhook(
+        tls_cert=cert,
+        tls_key=key,
+        api_client=api_client,
+        env_names=envnames.EnvNames({"nvidia.com/gpu": ["CUDA_VISIBLE_DEVICES"]}),
+        scheduler_name="my-scheduler",
+    )
+    try:
+        await running.webhook.lookup.wait_synced(5.0)
+        _, answer = await post(http, running, make_review(pod("trainer")))
+        patch = json.loads(base64.b64decode(answer["response"]["patch"]))
+        assert patch[0]["value"] == "my-scheduler"
+        assert patch[-1]["value"] == [admission.env_entry("CUDA_VISIBLE_DEVICES")]
+    finally:
+        await running.stop()
+
+
+async def test_an_unforeseen_pod_shape_is_denied_not_a_500(
+    webhook: server.RunningWebhook, http: aiohttp.ClientSession
+) -> None:
+    await webhook.webhook.lookup.wait_synced(5.0)
+    body = pod("trainer", containers=["not-a-container"])  # type: ignore[list-item]
+    status, answer = await post(http, webhook, make_review(body, uid="odd"))
+    assert status == 200
+    assert answer["response"]["uid"] == "odd"
+    assert answer["response"]["allowed"] is False
+    assert "could not process this pod" in answer["response"]["status"]["message"]
