@@ -9,6 +9,7 @@ custom resources against the ``openAPIV3Schema`` of the CRD that serves them.
 from __future__ import annotations
 
 import copy
+import functools
 import shutil
 import subprocess
 from collections.abc import Iterable, Iterator, Mapping
@@ -82,9 +83,13 @@ def crds_by_kind(objects: Iterable[KubeObject]) -> dict[tuple[str, str], KubeObj
 
 def is_core_kind(obj: Mapping[str, Any]) -> bool:
     """Served by Kubernetes itself (``kubernetes_validate`` has its schema), not by a CRD."""
+    return _has_schema(str(obj["apiVersion"]), str(obj["kind"]))
+
+
+@functools.cache
+def _has_schema(api_version: str, kind: str) -> bool:
     try:
-        kubernetes_validate.validate({"apiVersion": obj["apiVersion"], "kind": obj["kind"]},
-                                     KUBERNETES_VERSION)
+        kubernetes_validate.validate({"apiVersion": api_version, "kind": kind}, KUBERNETES_VERSION)
     except kubernetes_validate.SchemaNotFoundError:
         return False
     except kubernetes_validate.ValidationError:

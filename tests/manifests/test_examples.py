@@ -68,7 +68,8 @@ def test_workloads_fit_their_groups_member_limit(path: Path) -> None:
     objects = _objects(path)
     members: dict[tuple[str, str], int] = {}
     for owner, template in kube_objects.pod_templates(objects):
-        key = (owner["metadata"]["namespace"], template["metadata"]["annotations"][names.POD_GROUP_ANNOTATION])
+        group_name = template["metadata"]["annotations"][names.POD_GROUP_ANNOTATION]
+        key = (owner["metadata"]["namespace"], group_name)
         count = 1
         if owner["kind"] == "Deployment":
             surge = owner["spec"].get("strategy", {}).get("rollingUpdate", {}).get("maxSurge", "25%")
