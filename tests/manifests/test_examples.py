@@ -11,9 +11,9 @@ import json
 from pathlib import Path
 
 import pytest
-from tests.manifests import kube_objects
 
 from deviceshare.api import envnames, models, names
+from tests.manifests import kube_objects
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))

@@ -13,9 +13,9 @@ import celpy
 import celpy.adapter
 import pytest
 import yaml
-from tests.manifests import kube_objects
 
 from deviceshare.api import envnames, names
+from tests.manifests import kube_objects
 
 NS = "deviceshare-system"
 IMAGE = "ghcr.io/deviceshare/deviceshare:0.1.0"

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from cryptography import x509
+
 from tests.manifests import kube_objects
 
 NS = "deviceshare-system"

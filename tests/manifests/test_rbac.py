@@ -7,6 +7,7 @@ made elsewhere with :func:`tests.manifests.rbac_rules.grants`.
 from __future__ import annotations
 
 import pytest
+
 from tests.manifests import kube_objects, rbac_rules
 
 NS = "deviceshare-system"

@@ -12,6 +12,7 @@ from typing import Any
 import jsonschema
 import kubernetes_validate
 import pytest
+
 from tests.manifests import kube_objects
 
 CERT_MANAGER_GROUP = "cert-manager.io"

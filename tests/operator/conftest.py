@@ -13,11 +13,11 @@ from pathlib import Path
 
 import kopf
 import pytest
-from tests.operator.kube import Kube
 
 from deviceshare.operator.command import run_operator
 from deviceshare.operator.config import OperatorConfig
 from deviceshare.sandbox import Sandbox
+from tests.operator.kube import Kube
 
 
 @pytest.fixture

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.operator.conftest import start_operator, operator_config
-from tests.operator.kube import Kube, selected
-
 from deviceshare.api import names
+from tests.operator.conftest import operator_config, start_operator
+from tests.operator.kube import Kube, selected
 
 GPU = "nvidia.com/gpu"
 

@@ -7,9 +7,9 @@ import json
 from typing import Any
 
 import pytest
-from tests.operator.kube import Kube, scheduled_condition, selected
 
 from deviceshare.api import names
+from tests.operator.kube import Kube, scheduled_condition, selected
 
 pytestmark = pytest.mark.usefixtures("operator")
 

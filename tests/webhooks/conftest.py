@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 from kubernetes_asyncio import client
-from tests.webhooks import fakeapi
 
 from deviceshare.webhooks import certs
+from tests.webhooks import fakeapi
 
 
 @pytest.fixture

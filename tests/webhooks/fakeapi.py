@@ -151,7 +151,7 @@ class FakeApi:
 async def until(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
     """Wait for state that a watch or a reload changes in the background (no event to wait on)."""
     async with asyncio.timeout(timeout_s):
-        while not condition():  # noqa: ASYNC110
+        while not condition():
             await asyncio.sleep(0.005)
 
 

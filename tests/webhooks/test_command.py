@@ -14,11 +14,11 @@ from pathlib import Path
 
 import aiohttp
 import yaml
+
+from deviceshare.webhooks import certs
 from tests.webhooks import fakeapi
 from tests.webhooks.fakeapi import GROUPS
 from tests.webhooks.test_admission import make_review, pod
-
-from deviceshare.webhooks import certs
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 

@@ -6,10 +6,10 @@ from collections.abc import AsyncIterator
 
 import pytest
 from kubernetes_asyncio import client
-from tests.webhooks import fakeapi
-from tests.webhooks.fakeapi import GROUPS, PODS
 
 from deviceshare.webhooks import admission, groups
+from tests.webhooks import fakeapi
+from tests.webhooks.fakeapi import GROUPS, PODS
 
 
 @pytest.fixture

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 from kubernetes_asyncio import client
-from tests.webhooks import fakeapi
-from tests.webhooks.test_command import kubeconfig_for
 
 from deviceshare.kube import connecting
+from tests.webhooks import fakeapi
+from tests.webhooks.test_command import kubeconfig_for
 
 
 @pytest.fixture

@@ -12,12 +12,12 @@ from typing import Any
 import aiohttp
 import pytest
 from kubernetes_asyncio import client
-from tests.webhooks import fakeapi
-from tests.webhooks.fakeapi import GROUPS, PODS
-from tests.webhooks.test_admission import make_review, pod
 
 from deviceshare.api import envnames, names
 from deviceshare.webhooks import admission, certs, server
+from tests.webhooks import fakeapi
+from tests.webhooks.fakeapi import GROUPS, PODS
+from tests.webhooks.test_admission import make_review, pod
 
 
 def trusting(ca_pem: bytes) -> ssl.SSLContext:

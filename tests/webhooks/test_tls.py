@@ -10,9 +10,9 @@ import aiohttp
 import pytest
 from cryptography import x509
 from kubernetes_asyncio import client
-from tests.webhooks import fakeapi
 
 from deviceshare.webhooks import certs, server
+from tests.webhooks import fakeapi
 
 
 def trusting(ca_pem: bytes) -> aiohttp.TCPConnector:
