@@ -28,7 +28,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"Kopf peering object for several replicas (only one schedules); in-cluster default: deviceshare. "
         f"Without it the operator runs standalone. The object lives in ${names.ENV_NAMESPACE}.",
     )
-    parser.add_argument("--priority", type=int, default=0, help="peering priority of this replica")
+    parser.add_argument(
+        "--priority", type=int, default=None,
+        help="peering priority of this replica (default with --peering: random, so that two replicas never "
+        "tie; equal priorities make every replica stand down)",
+    )
     parser.add_argument("--workers", type=int, default=32, help="pods in their API-write phase at once")
     parser.add_argument("-v", "--verbose", action="store_true")
 
@@ -41,7 +45,9 @@ def config_from_args(args: argparse.Namespace) -> OperatorConfig:
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_host,
         peering_name=args.peering,
-        priority=args.priority,
+        priority=args.priority if args.priority is not None else (
+            secrets.randbelow(1_000_000) + 1 if args.peering else 0
+        ),
         workers=args.workers,
     )
 

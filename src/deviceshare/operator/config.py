@@ -28,6 +28,8 @@ class OperatorConfig:
     # Kopf peering: None runs standalone (single replica).
     peering_name: str | None = None
     priority: int = 0
+    # How long a replica's peering record counts as alive without a refresh (Kopf's keep-alive).
+    peering_lifetime: int = 60
     identity: str | None = None  # this replica's peering identity (generated when None)
     # A newly elected replica waits this long before rebuilding, so writes the previous leader had
     # already sent have landed and show in the API.

@@ -62,6 +62,8 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
         settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=names.GROUP)
         settings.peering.name = config.peering_name or "deviceshare"
         settings.peering.priority = config.priority
+        settings.peering.lifetime = config.peering_lifetime
+        settings.peering.stealth = True
         api = storage.ClusterApi(await connecting.api_client(config.kubeconfig))
         ctx = Context(config=config, api=api)
         runtime = Runtime(ctx)
