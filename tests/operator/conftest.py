@@ -5,16 +5,13 @@ Tests act and assert only through the Kubernetes API, as a user would with kubec
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import dataclasses
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import kopf
 import pytest
 
-from deviceshare.operator.command import run_operator
+from deviceshare.operator.command import OperatorThread
 from deviceshare.operator.config import OperatorConfig
 from deviceshare.sandbox import Sandbox
 from tests.operator.kube import Kube
@@ -28,7 +25,12 @@ def sandbox_options() -> dict[str, object]:
 
 @pytest.fixture
 async def cluster(tmp_path: Path, sandbox_options: dict[str, object]) -> AsyncIterator[Sandbox]:
-    options = {"kubelet_delay": 0.01, "kubeconfig_path": tmp_path / "kubeconfig", **sandbox_options}
+    # A short bookmark interval also makes server-side watch handlers notice a gone client quickly;
+    # Kopf waits up to 5 s at shutdown for tasks started after it, which in-process includes them.
+    options = {
+        "kubelet_delay": 0.01, "kubeconfig_path": tmp_path / "kubeconfig", "bookmark_interval": 0.1,
+        **sandbox_options,
+    }
     async with Sandbox(**options) as sandbox:  # type: ignore[arg-type]
         yield sandbox
 
@@ -53,33 +55,11 @@ def operator_config(cluster: Sandbox, **overrides: object) -> OperatorConfig:
     return dataclasses.replace(base, **overrides)  # type: ignore[arg-type]
 
 
-@dataclasses.dataclass
-class RunningOperator:
-    config: OperatorConfig
-    stop_flag: asyncio.Event
-    task: asyncio.Task[None]
-    memo: kopf.Memo
-
-    async def stop(self) -> None:
-        self.stop_flag.set()
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.wait_for(self.task, 15)
+RunningOperator = OperatorThread
 
 
-async def start_operator(config: OperatorConfig) -> RunningOperator:
-    stop, ready, memo = asyncio.Event(), asyncio.Event(), kopf.Memo()
-    task = asyncio.get_running_loop().create_task(
-        run_operator(config, stop_flag=stop, ready_flag=ready, memo=memo)
-    )
-    waiter = asyncio.ensure_future(ready.wait())
-    done, _ = await asyncio.wait({waiter, task}, timeout=15, return_when=asyncio.FIRST_COMPLETED)
-    if task in done:
-        waiter.cancel()
-        task.result()  # raise what killed it
-        raise RuntimeError("operator exited during start-up")
-    if waiter not in done:
-        raise TimeoutError("operator did not become ready in 15 s")
-    return RunningOperator(config, stop, task, memo)
+async def start_operator(config: OperatorConfig) -> OperatorThread:
+    return await OperatorThread(config).start()
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ import logging
 import os
 import secrets
 import socket
+import threading
 
 import kopf
 
@@ -80,6 +81,72 @@ async def run_operator(
         ready_flag=ready_flag,
         memo=memo if memo is not None else kopf.Memo(),
     )
+
+
+class OperatorThread:
+    """The operator on its own event loop in a thread: how the demo and the tests embed it.
+
+    Separate loops keep it honest (it only reaches the cluster over HTTP, like in production) and
+    keep Kopf's shutdown, which waits for every task started after it, away from the caller's tasks.
+    """
+
+    def __init__(self, config: OperatorConfig) -> None:
+        self.config = config
+        self.memo = kopf.Memo()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._main, name="deviceshare-operator", daemon=True)
+
+    def _main(self) -> None:
+        async def main() -> None:
+            self._loop = asyncio.get_running_loop()
+            self._stop = asyncio.Event()
+            ready = asyncio.Event()
+            watcher = asyncio.get_running_loop().create_task(self._signal_ready(ready))
+            try:
+                await run_operator(self.config, stop_flag=self._stop, ready_flag=ready, memo=self.memo)
+            finally:
+                watcher.cancel()
+
+        try:
+            asyncio.run(main())
+        except BaseException as e:  # reported to the starter
+            self._error = e
+        finally:
+            self._ready.set()
+
+    async def _signal_ready(self, ready: asyncio.Event) -> None:
+        await ready.wait()
+        self._ready.set()
+
+    async def start(self, timeout: float = 30.0) -> OperatorThread:  # noqa: ASYNC109 — a thread join, not a coroutine wait
+        self._thread.start()
+        if not await asyncio.to_thread(self._ready.wait, timeout):
+            raise TimeoutError(f"the operator did not become ready in {timeout} s")
+        if self._error is not None or not self._thread.is_alive():
+            raise RuntimeError("the operator exited during start-up") from self._error
+        return self
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    async def stop(self, timeout: float = 30.0) -> None:  # noqa: ASYNC109 — a thread join
+        if self._loop is not None and self._stop is not None and self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._stop.set)
+        await asyncio.to_thread(self._thread.join, timeout)
+
+    async def kill(self) -> None:
+        """Abrupt end, like a crashed process: every task is cancelled where it stands."""
+        loop = self._loop
+        if loop is not None and self._thread.is_alive():
+            def cancel_all() -> None:
+                for task in asyncio.all_tasks(loop):
+                    task.cancel()
+            loop.call_soon_threadsafe(cancel_all)
+        await asyncio.to_thread(self._thread.join, 30)
 
 
 def run(args: argparse.Namespace) -> int:
