@@ -24,9 +24,6 @@ class Kube:
     @asynccontextmanager
     async def connect(cls, kubeconfig: str) -> AsyncIterator[Kube]:
         api = await connecting.api_client(kubeconfig)
-        # A fresh connection per request: a pooled keep-alive connection was seen to stall after an
-        # operator restart in the same process (see docs/troubleshooting.md, sandbox notes).
-        api.rest_client.pool_manager._connector._force_close = True
         try:
             yield cls(api)
         finally:

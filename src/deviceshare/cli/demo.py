@@ -1,13 +1,188 @@
-"""`deviceshare demo`: not built yet (issue 3)."""
+"""``deviceshare demo``: the whole system in one process, on the embedded sandbox.
+
+Starts the sandbox cluster (simulated GPU nodes), the admission webhook over real TLS (registered in
+the sandbox as a MutatingWebhookConfiguration, so pod creations really go through it), and the
+operator; applies ``examples/``; waits until every example pod is bound; then prints the groups, the
+pods with the device IDs their containers will see, and the per-node device map.
+
+The sandbox has no controller-manager, so a Deployment's pods are created from its template by the
+demo itself (said so in the output) — on a real cluster the ReplicaSet controller does that.
+"""
+
+from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
+import copy
 import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from deviceshare.api import names
+from deviceshare.cli import inspect as inspect_cmd
+from deviceshare.kube import applying, connecting
+from deviceshare.operator.command import OperatorThread
+from deviceshare.operator.config import OperatorConfig
+from deviceshare.sandbox import Sandbox
+from deviceshare.webhooks import certs, configuration, server
+
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    pass
+    parser.add_argument("--nodes", type=int, default=4, help="simulated GPU nodes (default 4)")
+    parser.add_argument("--gpus", type=int, default=8, help="GPUs per node (default 8)")
+    parser.add_argument(
+        "--examples", type=Path, default=ROOT / "examples", help="folder of example manifests to apply"
+    )
+    parser.add_argument("--kubeconfig", type=Path, default=Path(".sandbox/demo-kubeconfig"))
+    parser.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for every pod to bind")
+    parser.add_argument(
+        "--keep-running", action="store_true",
+        help="keep the cluster up after showing the result (point kubectl at the printed kubeconfig)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
-    print("deviceshare demo: not available yet (issue 3)", file=sys.stderr)
-    return 2
+    try:
+        return asyncio.run(demo(args))
+    except KeyboardInterrupt:
+        return 130
+
+
+def _manifests(folder: Path) -> list[dict[str, Any]]:
+    docs: list[dict[str, Any]] = []
+    for path in sorted(folder.glob("*.yaml")):
+        docs.extend(d for d in yaml.safe_load_all(path.read_text()) if isinstance(d, dict))
+    return [d for d in docs if d.get("kind") != "Node"]  # the sandbox brings its own nodes
+
+
+def _pods_of_deployment(deployment: dict[str, Any]) -> list[dict[str, Any]]:
+    meta, spec = deployment["metadata"], deployment["spec"]
+    template = spec["template"]
+    pods = []
+    for i in range(int(spec.get("replicas", 1))):
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": copy.deepcopy(template.get("metadata") or {}),
+               "spec": copy.deepcopy(template["spec"])}
+        pod["metadata"].update(name=f"{meta['name']}-{i}", namespace=meta.get("namespace", "default"))
+        pods.append(pod)
+    return pods
+
+
+async def demo(args: argparse.Namespace) -> int:
+    started = time.perf_counter()
+    out = sys.stdout
+    async with contextlib.AsyncExitStack() as stack:
+        sandbox = await stack.enter_async_context(
+            Sandbox(nodes=args.nodes, gpus=args.gpus, kubeconfig_path=args.kubeconfig.resolve(),
+                    kubelet_delay=0.2)
+        )
+        print(f"sandbox: {args.nodes} nodes x {args.gpus} nvidia.com/gpu at {sandbox.url}", file=out)
+        api = await connecting.api_client(str(sandbox.kubeconfig))
+        stack.push_async_callback(api.close)
+
+        tls_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="deviceshare-demo-")))
+        bundle = certs.generate(["127.0.0.1", "localhost"])
+        ca, cert, key = bundle.write(tls_dir)
+        webhook = await server.start_webhook(
+            tls_cert=str(cert), tls_key=str(key), kubeconfig=str(sandbox.kubeconfig), host="127.0.0.1"
+        )
+        stack.push_async_callback(webhook.stop)
+        await applying.apply(api, configuration.build(url=webhook.mutate_url, ca_bundle=bundle.ca_bundle))
+        print(f"webhook: {webhook.mutate_url} (TLS, registered as a MutatingWebhookConfiguration)", file=out)
+
+        config = OperatorConfig(kubeconfig=str(sandbox.kubeconfig), metrics_port=None)
+        operator = await OperatorThread(config).start()
+        stack.push_async_callback(operator.stop)
+        print(f"operator: scheduling as {config.scheduler_name}", file=out)
+
+        pods: list[tuple[str, str]] = []
+        for obj in _manifests(args.examples):
+            if obj.get("kind") == "Deployment":
+                await applying.apply(api, obj)
+                replicas = _pods_of_deployment(obj)
+                print(f"  (no controller-manager in the sandbox: creating Deployment "
+                      f"{obj['metadata']['name']}'s {len(replicas)} pods from its template)", file=out)
+                for pod in replicas:
+                    await applying.apply(api, pod)
+                    pods.append((pod["metadata"]["namespace"], pod["metadata"]["name"]))
+                continue
+            created = await applying.apply(api, obj)
+            if obj.get("kind") == "Pod":
+                pods.append((created["metadata"]["namespace"], created["metadata"]["name"]))
+        print(f"applied {args.examples}: {len(pods)} pods", file=out)
+
+        bound = await _wait_bound(sandbox, pods, args.timeout)
+        print(file=out)
+        _print_groups(sandbox, out)
+        print(file=out)
+        _print_pods(sandbox, pods, out)
+        print(file=out)
+        print(inspect_cmd.render_table(await inspect_cmd.collect(api)), file=out)
+        print(f"\n{len(bound)}/{len(pods)} pods bound in {time.perf_counter() - started:.1f}s", file=out)
+        if args.keep_running:
+            print(f"\ncluster kept running: export KUBECONFIG={sandbox.kubeconfig}; Ctrl-C to stop", file=out)
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.Event().wait()
+        return 0 if len(bound) == len(pods) else 1
+
+
+async def _wait_bound(sandbox: Sandbox, pods: Sequence[tuple[str, str]], timeout: float) -> list[tuple[str, str]]:
+    deadline = time.monotonic() + timeout
+    while True:
+        bound = [(ns, n) for ns, n in pods if ((sandbox.get("pods", n, ns) or {}).get("spec") or {}).get("nodeName")]
+        if len(bound) == len(pods) or time.monotonic() > deadline:
+            return bound
+        await asyncio.sleep(0.05)
+
+
+def _print_groups(sandbox: Sandbox, out: Any) -> None:
+    rows = [("NAMESPACE", "GROUP", "PHASE", "NODE", "DEVICES", "MEMBERS")]
+    for g in sorted(sandbox.list(names.PLURAL), key=lambda g: (g["metadata"]["namespace"], g["metadata"]["name"])):
+        st = g.get("status") or {}
+        devices = "; ".join(f"{r}={','.join(ids)}" for r, ids in sorted((st.get("allocatedDevices") or {}).items()))
+        rows.append((g["metadata"]["namespace"], g["metadata"]["name"], st.get("phase", "-"),
+                     st.get("nodeName", "-"), devices or "-", ",".join(st.get("members") or []) or "-"))
+    _table(rows, out)
+
+
+def _print_pods(sandbox: Sandbox, pods: Sequence[tuple[str, str]], out: Any) -> None:
+    rows = [("NAMESPACE", "POD", "GROUP", "NODE", "PHASE", "ENV THE CONTAINERS SEE")]
+    for ns, name in pods:
+        pod = sandbox.get("pods", name, ns) or {}
+        meta = pod.get("metadata") or {}
+        ann = meta.get("annotations") or {}
+        env = sorted(
+            f"{k[len(names.POD_ENV_ANNOTATION_PREFIX):]}={v}"
+            for k, v in ann.items() if k.startswith(names.POD_ENV_ANNOTATION_PREFIX)
+        )
+        wired = _wired_env(pod)
+        shown = [e for e in env if e.split("=", 1)[0] in wired] or ["(not wired)"]
+        rows.append((ns, name, ann.get(names.POD_GROUP_ANNOTATION, "-"), (pod.get("spec") or {}).get("nodeName", "-"),
+                     (pod.get("status") or {}).get("phase", "-"), " ".join(shown)))
+    _table(rows, out)
+
+
+def _wired_env(pod: dict[str, Any]) -> set[str]:
+    """Env vars the webhook wired to our annotations (downward API), in any container."""
+    wired = set()
+    for c in (pod.get("spec") or {}).get("containers") or []:
+        for e in c.get("env") or []:
+            path = ((e.get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath", "")
+            if names.POD_ENV_ANNOTATION_PREFIX in path:
+                wired.add(e["name"])
+    return wired
+
+
+def _table(rows: Sequence[Sequence[str]], out: Any) -> None:
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip(), file=out)
+
+
