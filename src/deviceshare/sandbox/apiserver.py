@@ -28,6 +28,7 @@ from deviceshare.sandbox import (
     errors,
     faults,
     patches,
+    schema,
     selectors,
     store,
     tables,
@@ -72,6 +73,10 @@ def _json(body: Any, status: int = 200, headers: Mapping[str, str] | None = None
     return aiohttp.web.Response(
         body=json.dumps(body).encode(), status=status, headers=headers, content_type="application/json"
     )
+
+
+def _flag(params: Mapping[str, str], name: str) -> bool:
+    return params.get(name, "").lower() in ("true", "1")
 
 
 def _decode(request: kmock.Request) -> Any:
@@ -167,25 +172,30 @@ class ApiServer(kmock.KubernetesScaffold):
             raise errors.bad_request("dryRun is not supported by the deviceshare sandbox")
         ns = target.namespace if rtype.namespaced else None
         if method == "GET":
-            if params.get("watch") in ("true", "1"):
+            if _flag(params, "watch"):
                 return await self._watch(request, rtype, ns, target.name)
             if target.name is None:
                 return self._list(request, rtype, ns)
             return self._answer(request, rtype, self.store.get(rtype, ns, target.name))
+        if rtype.verbs == ("create",) and (method != "POST" or target.name is not None):
+            raise errors.method_not_allowed()
+        if method == "POST" and rtype.key == ("", "bindings") and ns:
+            body = _decode(request) or {}
+            return self._bound(ns, store.meta(body).get("name", ""), body)
         if method == "POST" and target.name is None:
             return await self._create(request, rtype, ns)
         if method == "POST" and target.subresource == "binding" and ns:
-            self.store.bind(ns, target.name or "", _decode(request) or {})
-            return _json(
-                {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}, 201
-            )
+            return self._bound(ns, target.name or "", _decode(request) or {})
         if method == "PUT" and target.name:
             body = _decode(request)
             if not isinstance(body, dict):
                 raise errors.bad_request("the body of an update must be an object")
+            self._strict(request, rtype, body)
             return _json(self.store.replace(rtype, ns, target.name, body, target.subresource))
         if method == "PATCH" and target.name:
             content_type = request.headers.get("Content-Type", patches.MERGE)
+            if "json-patch" not in content_type:
+                self._strict(request, rtype, _decode(request))
             return _json(
                 self.store.patch(rtype, ns, target.name, content_type, _decode(request), target.subresource)
             )
@@ -203,6 +213,25 @@ class ApiServer(kmock.KubernetesScaffold):
                 }
             )
         raise errors.method_not_allowed()
+
+    @staticmethod
+    def _strict(request: kmock.Request, rtype: catalog.ResourceType, body: Any) -> None:
+        """``fieldValidation=Strict`` (kubectl's default): unknown fields are a 400, not pruned."""
+        if request.params.get("fieldValidation") != "Strict" or rtype.schema is None:
+            return
+        unknown = schema.unknown_fields(rtype.schema, body)
+        if unknown:
+            fields = ", ".join(f'unknown field "{u}"' for u in unknown)
+            raise errors.bad_request(
+                f'{rtype.kind} in version "{rtype.version}" cannot be handled as a {rtype.kind}: '
+                f"strict decoding error: {fields}"
+            )
+
+    def _bound(self, namespace: str, name: str, binding: Mapping[str, Any]) -> aiohttp.web.Response:
+        self.store.bind(namespace, name, binding)
+        return _json(
+            {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}, 201
+        )
 
     def _static(self, path: str) -> dict[str, Any] | None:
         types = self.store.catalog
@@ -277,6 +306,7 @@ class ApiServer(kmock.KubernetesScaffold):
         body = _decode(request)
         if not isinstance(body, dict):
             raise errors.bad_request("the body of a create must be an object")
+        self._strict(request, rtype, body)
         md = body.setdefault("metadata", {})
         if rtype.namespaced and ns and not md.get("namespace"):
             md["namespace"] = ns
@@ -289,9 +319,9 @@ class ApiServer(kmock.KubernetesScaffold):
         params = request.params
         labels = selectors.parse_labels(params.get("labelSelector"))
         fields = selectors.parse_fields(params.get("fieldSelector"), rtype.selectable)
-        bookmarks = params.get("allowWatchBookmarks") in ("true", "1")
+        bookmarks = _flag(params, "allowWatchBookmarks")
         rv = params.get("resourceVersion") or ""
-        initial = params.get("sendInitialEvents") == "true" or rv in ("", "0")
+        initial = _flag(params, "sendInitialEvents") or rv in ("", "0")
         lifetime = float(params["timeoutSeconds"]) if params.get("timeoutSeconds") else None
         if not initial and not rv.isdigit():
             raise errors.bad_request(f"invalid resource version: {rv!r}")
@@ -326,7 +356,7 @@ class ApiServer(kmock.KubernetesScaffold):
                     for obj in items
                     if visible(obj)
                 ]
-                if bookmarks and params.get("sendInitialEvents") == "true":
+                if bookmarks and _flag(params, "sendInitialEvents"):
                     lines.append(self._bookmark(rtype, list_rv, initial_end=True))
                 if lines:
                     await response.write(b"".join(lines))
