@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -18,12 +17,20 @@ class Http:
         self.base = base
 
     async def call(
-        self, method: str, path: str, body: Any = None, *, content_type: str = "application/json",
-        params: dict[str, str] | None = None, headers: dict[str, str] | None = None,
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        content_type: str = "application/json",
+        params: dict[str, str] | None = None,
+        headers: dict[str, str] | None = None,
     ) -> tuple[int, Any]:
         data = None if body is None else json.dumps(body)
         hdrs = {"Content-Type": content_type, **(headers or {})}
-        async with self.session.request(method, self.base + path, data=data, params=params, headers=hdrs) as r:
+        async with self.session.request(
+            method, self.base + path, data=data, params=params, headers=hdrs
+        ) as r:
             text = await r.text()
             return r.status, (json.loads(text) if text else None)
 
@@ -41,12 +48,19 @@ class Http:
 
 
 def sdg(name: str, gpus: int = 1, **spec: Any) -> dict[str, Any]:
-    return {"apiVersion": "deviceshare.io/v1alpha1", "kind": "SharedDeviceGroup",
-            "metadata": {"name": name, "namespace": "default"},
-            "spec": {"resources": {"nvidia.com/gpu": gpus}, **spec}}
+    return {
+        "apiVersion": "deviceshare.io/v1alpha1",
+        "kind": "SharedDeviceGroup",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"resources": {"nvidia.com/gpu": gpus}, **spec},
+    }
 
 
 def pod(name: str, **extra: Any) -> dict[str, Any]:
     md: dict[str, Any] = {"name": name, "namespace": "default", **extra.pop("metadata", {})}
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": md,
-            "spec": {"containers": [{"name": "main", "image": "busybox"}], **extra}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": md,
+        "spec": {"containers": [{"name": "main", "image": "busybox"}], **extra},
+    }

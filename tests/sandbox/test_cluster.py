@@ -5,14 +5,15 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from deviceshare.sandbox import Sandbox
 from tests.sandbox.helpers import PODS, SDG, Http, pod, sdg
+
+from deviceshare.sandbox import Sandbox
 
 TABLE = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"
 
 
-async def until(check: Any, timeout: float = 3.0) -> Any:
-    for _ in range(int(timeout / 0.01)):
+async def until(check: Any, attempts: int = 300) -> Any:
+    for _ in range(attempts):
         found = check()
         if found:
             return found
@@ -31,9 +32,15 @@ async def test_nodes_are_shared_gpu_nodes(sandbox: Sandbox) -> None:
 
 
 async def test_add_node_with_options(sandbox: Sandbox) -> None:
-    node = sandbox.add_node("odd", gpus=2, labels={"deviceshare.io/gpu-model": "A100"}, unschedulable=True,
-                            taints=[{"key": "k", "effect": "NoSchedule"}], ready=False,
-                            annotations={"deviceshare.io/devices": '{"nvidia.com/gpu": ["GPU-a", "GPU-b"]}'})
+    node = sandbox.add_node(
+        "odd",
+        gpus=2,
+        labels={"deviceshare.io/gpu-model": "A100"},
+        unschedulable=True,
+        taints=[{"key": "k", "effect": "NoSchedule"}],
+        ready=False,
+        annotations={"deviceshare.io/devices": '{"nvidia.com/gpu": ["GPU-a", "GPU-b"]}'},
+    )
     assert node["status"]["allocatable"]["nvidia.com/gpu"] == "2"
     assert node["spec"]["unschedulable"] is True and node["spec"]["taints"][0]["key"] == "k"
     assert node["metadata"]["labels"]["deviceshare.io/gpu-model"] == "A100"
@@ -42,8 +49,12 @@ async def test_add_node_with_options(sandbox: Sandbox) -> None:
 
 async def test_binding_sets_node_and_a_second_binding_is_409(sandbox: Sandbox, http: Http) -> None:
     await http.call("POST", PODS, pod("p"))
-    binding = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "p", "annotations": {"a": "b"}},
-               "target": {"apiVersion": "v1", "kind": "Node", "name": "gpu-node-2"}}
+    binding = {
+        "apiVersion": "v1",
+        "kind": "Binding",
+        "metadata": {"name": "p", "annotations": {"a": "b"}},
+        "target": {"apiVersion": "v1", "kind": "Node", "name": "gpu-node-2"},
+    }
     status, body = await http.call("POST", f"{PODS}/p/binding", binding)
     assert (status, body["status"]) == (201, "Success")
     bound = sandbox.get("pods", "p", "default")
@@ -64,10 +75,16 @@ async def test_kubelet_runs_bound_pods_and_completes_them(sandbox: Sandbox, http
     unbound = sandbox.get("pods", "p", "default")
     assert unbound is not None and unbound["status"]["phase"] == "Pending"
     sandbox.bind("default", "p", "gpu-node-0")
-    running = await until(lambda: (p := sandbox.get("pods", "p", "default")) and p["status"]["phase"] == "Running"
-                          and p)
+    running = await until(
+        lambda: (p := sandbox.get("pods", "p", "default")) and p["status"]["phase"] == "Running" and p
+    )
     ready = {c["type"]: c["status"] for c in running["status"]["conditions"]}
-    assert ready == {"PodScheduled": "True", "Initialized": "True", "ContainersReady": "True", "Ready": "True"}
+    assert ready == {
+        "PodScheduled": "True",
+        "Initialized": "True",
+        "ContainersReady": "True",
+        "Ready": "True",
+    }
     assert running["status"]["containerStatuses"][0]["state"]["running"]
     done = sandbox.complete_pod("default", "p")
     assert done["status"]["phase"] == "Succeeded"
@@ -91,30 +108,65 @@ async def test_deleting_a_pod_without_finalizers_removes_it(sandbox: Sandbox, ht
 
 async def test_events_are_stored_and_selected_by_involved_object(sandbox: Sandbox, http: Http) -> None:
     for name, reason in (("p1", "Scheduled"), ("p1", "FailedScheduling"), ("p2", "Scheduled")):
-        event = {"metadata": {"generateName": f"{name}."}, "reason": reason, "message": f"{reason} {name}",
-                 "type": "Normal", "involvedObject": {"kind": "Pod", "name": name, "namespace": "default"}}
+        event = {
+            "metadata": {"generateName": f"{name}."},
+            "reason": reason,
+            "message": f"{reason} {name}",
+            "type": "Normal",
+            "involvedObject": {"kind": "Pod", "name": name, "namespace": "default"},
+        }
         status, _ = await http.call("POST", "/api/v1/namespaces/default/events", event)
         assert status == 201
-    status, found = await http.call("GET", "/api/v1/namespaces/default/events",
-                                    params={"fieldSelector": "involvedObject.name=p1,reason=Scheduled"})
+    status, found = await http.call(
+        "GET",
+        "/api/v1/namespaces/default/events",
+        params={"fieldSelector": "involvedObject.name=p1,reason=Scheduled"},
+    )
     assert [e["message"] for e in found["items"]] == ["Scheduled p1"]
     found = sandbox.list("events", "default", field_selector="involvedObject.kind=Pod,reason=Scheduled")
     assert sorted(e["involvedObject"]["name"] for e in found) == ["p1", "p2"]
-    new_style = {"apiVersion": "events.k8s.io/v1", "kind": "Event", "metadata": {"name": "e1"},
-                 "reason": "Scheduled", "regarding": {"kind": "Pod", "name": "p1"}, "eventTime": None,
-                 "action": "Binding", "reportingController": "x", "reportingInstance": "y", "type": "Normal"}
+    new_style = {
+        "apiVersion": "events.k8s.io/v1",
+        "kind": "Event",
+        "metadata": {"name": "e1"},
+        "reason": "Scheduled",
+        "regarding": {"kind": "Pod", "name": "p1"},
+        "eventTime": None,
+        "action": "Binding",
+        "reportingController": "x",
+        "reportingInstance": "y",
+        "type": "Normal",
+    }
     status, _ = await http.call("POST", "/apis/events.k8s.io/v1/namespaces/default/events", new_style)
     assert status == 201
 
 
 async def test_table_output_uses_the_crd_printer_columns(sandbox: Sandbox, http: Http) -> None:
     await http.call("POST", SDG, sdg("g", 2))
-    sandbox.patch("sdg", "g", {"status": {"phase": "Bound", "nodeName": "gpu-node-1", "memberCount": 2,
-                                          "allocatedDevices": {"nvidia.com/gpu": ["0", "1"]}}},
-                  "default", subresource="status")
+    sandbox.patch(
+        "sdg",
+        "g",
+        {
+            "status": {
+                "phase": "Bound",
+                "nodeName": "gpu-node-1",
+                "memberCount": 2,
+                "allocatedDevices": {"nvidia.com/gpu": ["0", "1"]},
+            }
+        },
+        "default",
+        subresource="status",
+    )
     status, table = await http.call("GET", SDG, headers={"Accept": TABLE})
     assert (status, table["kind"], table["apiVersion"]) == (200, "Table", "meta.k8s.io/v1")
-    assert [c["name"] for c in table["columnDefinitions"]] == ["Name", "Phase", "Node", "Devices", "Members", "Age"]
+    assert [c["name"] for c in table["columnDefinitions"]] == [
+        "Name",
+        "Phase",
+        "Node",
+        "Devices",
+        "Members",
+        "Age",
+    ]
     cells = table["rows"][0]["cells"]
     assert cells[:5] == ["g", "Bound", "gpu-node-1", '{"nvidia.com/gpu":["0","1"]}', 2]
     assert cells[5].endswith("s")  # an age, like "0s"

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from tests.sandbox.helpers import PODS, SDG, Http, pod, sdg
 
 from deviceshare.sandbox import Sandbox
-from tests.sandbox.helpers import PODS, SDG, Http, pod, sdg
 
 
 async def test_every_object_and_list_carries_a_growing_resource_version(http: Http) -> None:
@@ -23,16 +23,21 @@ async def test_every_object_and_list_carries_a_growing_resource_version(http: Ht
 async def test_update_with_a_stale_resource_version_is_a_409_conflict(http: Http) -> None:
     _, created = await http.call("POST", SDG, sdg("g"))
     stale = created["metadata"]["resourceVersion"]
-    status, _ = await http.call("PATCH", f"{SDG}/g", {"spec": {"maxMembers": 3}},
-                                content_type="application/merge-patch+json")
+    status, _ = await http.call(
+        "PATCH", f"{SDG}/g", {"spec": {"maxMembers": 3}}, content_type="application/merge-patch+json"
+    )
     assert status == 200
     body = dict(created, spec={"resources": {"nvidia.com/gpu": 2}})
     status, error = await http.call("PUT", f"{SDG}/g", body)
     assert status == 409
     assert error["kind"] == "Status" and error["reason"] == "Conflict" and error["code"] == 409
     assert "the object has been modified" in error["message"]
-    status, error = await http.call("PATCH", f"{SDG}/g", {"metadata": {"resourceVersion": stale}, "spec": {}},
-                                    content_type="application/merge-patch+json")
+    status, error = await http.call(
+        "PATCH",
+        f"{SDG}/g",
+        {"metadata": {"resourceVersion": stale}, "spec": {}},
+        content_type="application/merge-patch+json",
+    )
     assert (status, error["reason"]) == (409, "Conflict")
 
 
@@ -52,12 +57,16 @@ async def test_create_existing_is_409_already_exists_and_missing_is_404(http: Ht
     assert error["message"] == 'shareddevicegroups.deviceshare.io "g" already exists'
     for method in ("GET", "DELETE", "PUT", "PATCH"):
         body = sdg("nope") if method == "PUT" else ({} if method == "PATCH" else None)
-        status, error = await http.call(method, f"{SDG}/nope", body, content_type="application/merge-patch+json")
+        status, error = await http.call(
+            method, f"{SDG}/nope", body, content_type="application/merge-patch+json"
+        )
         assert (status, error["reason"], error["details"]["name"]) == (404, "NotFound", "nope"), method
 
 
 async def test_create_in_a_missing_namespace_is_404(http: Http) -> None:
-    status, error = await http.call("POST", "/api/v1/namespaces/ghost/pods", pod("p", metadata={"namespace": "ghost"}))
+    status, error = await http.call(
+        "POST", "/api/v1/namespaces/ghost/pods", pod("p", metadata={"namespace": "ghost"})
+    )
     assert status == 404
     assert error["message"] == 'namespaces "ghost" not found'
 
@@ -65,9 +74,12 @@ async def test_create_in_a_missing_namespace_is_404(http: Http) -> None:
 async def test_generation_moves_on_spec_changes_only(sandbox: Sandbox, http: Http) -> None:
     await http.call("POST", SDG, sdg("g"))
     merge = "application/merge-patch+json"
-    _, after_meta = await http.call("PATCH", f"{SDG}/g", {"metadata": {"labels": {"x": "y"}}}, content_type=merge)
-    _, after_status = await http.call("PATCH", f"{SDG}/g/status", {"status": {"phase": "Pending"}},
-                                      content_type=merge)
+    _, after_meta = await http.call(
+        "PATCH", f"{SDG}/g", {"metadata": {"labels": {"x": "y"}}}, content_type=merge
+    )
+    _, after_status = await http.call(
+        "PATCH", f"{SDG}/g/status", {"status": {"phase": "Pending"}}, content_type=merge
+    )
     _, after_spec = await http.call("PATCH", f"{SDG}/g", {"spec": {"maxMembers": 2}}, content_type=merge)
     assert [o["metadata"]["generation"] for o in (after_meta, after_status, after_spec)] == [1, 1, 2]
 
@@ -76,11 +88,16 @@ async def test_status_subresource_splits_writes(http: Http) -> None:
     merge = "application/merge-patch+json"
     _, created = await http.call("POST", SDG, dict(sdg("g"), status={"phase": "Bound"}))
     assert "status" not in created  # status on create is dropped when the CRD has the subresource
-    _, main = await http.call("PATCH", f"{SDG}/g", {"spec": {"maxMembers": 5}, "status": {"phase": "Bound"}},
-                              content_type=merge)
+    _, main = await http.call(
+        "PATCH", f"{SDG}/g", {"spec": {"maxMembers": 5}, "status": {"phase": "Bound"}}, content_type=merge
+    )
     assert main["spec"]["maxMembers"] == 5 and "status" not in main
-    _, sub = await http.call("PATCH", f"{SDG}/g/status", {"spec": {"maxMembers": 9}, "status": {"phase": "Bound"}},
-                             content_type=merge)
+    _, sub = await http.call(
+        "PATCH",
+        f"{SDG}/g/status",
+        {"spec": {"maxMembers": 9}, "status": {"phase": "Bound"}},
+        content_type=merge,
+    )
     assert sub["spec"]["maxMembers"] == 5 and sub["status"] == {"phase": "Bound"}
     status, _ = await http.call("GET", f"{SDG}/g/status")
     assert status == 200
@@ -88,8 +105,12 @@ async def test_status_subresource_splits_writes(http: Http) -> None:
 
 async def test_noop_write_keeps_the_version(http: Http) -> None:
     _, created = await http.call("POST", SDG, sdg("g"))
-    _, same = await http.call("PATCH", f"{SDG}/g", {"spec": {"resources": {"nvidia.com/gpu": 1}}},
-                              content_type="application/merge-patch+json")
+    _, same = await http.call(
+        "PATCH",
+        f"{SDG}/g",
+        {"spec": {"resources": {"nvidia.com/gpu": 1}}},
+        content_type="application/merge-patch+json",
+    )
     assert same["metadata"]["resourceVersion"] == created["metadata"]["resourceVersion"]
 
 
@@ -100,22 +121,32 @@ async def test_finalizers_hold_deletion_until_removed(sandbox: Sandbox, http: Ht
     status, marked = await http.call("DELETE", f"{SDG}/g")
     assert status == 200 and marked["metadata"]["deletionTimestamp"]
     assert sandbox.get("sdg", "g", "default") is not None
-    status, error = await http.call("PATCH", f"{SDG}/g", {"metadata": {"finalizers": ["a", "b"]}},
-                                    content_type="application/merge-patch+json")
+    status, error = await http.call(
+        "PATCH",
+        f"{SDG}/g",
+        {"metadata": {"finalizers": ["a", "b"]}},
+        content_type="application/merge-patch+json",
+    )
     assert status == 422 and "no new finalizers" in error["message"]
-    await http.call("PATCH", f"{SDG}/g", {"metadata": {"finalizers": None}},
-                    content_type="application/merge-patch+json")
+    await http.call(
+        "PATCH", f"{SDG}/g", {"metadata": {"finalizers": None}}, content_type="application/merge-patch+json"
+    )
     assert sandbox.get("sdg", "g", "default") is None
 
 
 async def test_pod_spec_is_immutable_except_images(http: Http) -> None:
     await http.call("POST", PODS, pod("p"))
-    status, error = await http.call("PATCH", f"{PODS}/p", {"spec": {"nodeName": "gpu-node-0"}},
-                                    content_type="application/merge-patch+json")
+    status, error = await http.call(
+        "PATCH",
+        f"{PODS}/p",
+        {"spec": {"nodeName": "gpu-node-0"}},
+        content_type="application/merge-patch+json",
+    )
     assert status == 422 and "pod updates may not change fields" in error["message"]
     patch = {"spec": {"containers": [{"name": "main", "image": "busybox:2"}]}}
-    status, updated = await http.call("PATCH", f"{PODS}/p", patch,
-                                      content_type="application/strategic-merge-patch+json")
+    status, updated = await http.call(
+        "PATCH", f"{PODS}/p", patch, content_type="application/strategic-merge-patch+json"
+    )
     assert status == 200 and updated["spec"]["containers"][0]["image"] == "busybox:2"
 
 
@@ -136,10 +167,16 @@ async def test_generate_name_gives_a_unique_name(http: Http) -> None:
     assert one["metadata"]["name"] != two["metadata"]["name"]
 
 
-@pytest.mark.parametrize(("path", "kind"), [
-    ("/api", "APIVersions"), ("/apis", "APIGroupList"), ("/api/v1", "APIResourceList"),
-    ("/apis/deviceshare.io", "APIGroup"), ("/apis/deviceshare.io/v1alpha1", "APIResourceList"),
-])
+@pytest.mark.parametrize(
+    ("path", "kind"),
+    [
+        ("/api", "APIVersions"),
+        ("/apis", "APIGroupList"),
+        ("/api/v1", "APIResourceList"),
+        ("/apis/deviceshare.io", "APIGroup"),
+        ("/apis/deviceshare.io/v1alpha1", "APIResourceList"),
+    ],
+)
 async def test_discovery_documents(http: Http, path: str, kind: str) -> None:
     status, body = await http.call("GET", path)
     assert (status, body["kind"]) == (200, kind)
@@ -164,17 +201,38 @@ async def test_unknown_endpoint_is_a_404_status(http: Http) -> None:
 
 async def test_a_crd_applied_later_becomes_served(sandbox: Sandbox, http: Http) -> None:
     crd = {
-        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
         "metadata": {"name": "widgets.example.com"},
-        "spec": {"group": "example.com", "scope": "Cluster",
-                 "names": {"plural": "widgets", "singular": "widget", "kind": "Widget"},
-                 "versions": [{"name": "v1", "served": True, "storage": True, "schema": {"openAPIV3Schema": {
-                     "type": "object", "properties": {"spec": {"type": "object", "properties": {
-                         "size": {"type": "integer"}}}}}}}]},
+        "spec": {
+            "group": "example.com",
+            "scope": "Cluster",
+            "names": {"plural": "widgets", "singular": "widget", "kind": "Widget"},
+            "versions": [
+                {
+                    "name": "v1",
+                    "served": True,
+                    "storage": True,
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "properties": {
+                                "spec": {"type": "object", "properties": {"size": {"type": "integer"}}}
+                            },
+                        }
+                    },
+                }
+            ],
+        },
     }
     status, _ = await http.call("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
     assert status == 201
-    widget = {"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w"}, "spec": {"size": 3}}
+    widget = {
+        "apiVersion": "example.com/v1",
+        "kind": "Widget",
+        "metadata": {"name": "w"},
+        "spec": {"size": 3},
+    }
     status, created = await http.call("POST", "/apis/example.com/v1/widgets", widget)
     assert status == 201 and created["spec"] == {"size": 3}
     await http.call("DELETE", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/widgets.example.com")

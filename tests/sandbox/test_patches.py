@@ -10,31 +10,60 @@ from hypothesis import strategies as st
 
 from deviceshare.sandbox import errors, patches
 
-POD = {"spec": {"containers": [
-    {"name": "a", "image": "x", "env": [{"name": "A", "value": "1"}, {"name": "B", "value": "2"}]},
-    {"name": "b", "image": "y"},
-]}, "metadata": {"finalizers": ["one"]}}
+POD = {
+    "spec": {
+        "containers": [
+            {"name": "a", "image": "x", "env": [{"name": "A", "value": "1"}, {"name": "B", "value": "2"}]},
+            {"name": "b", "image": "y"},
+        ]
+    },
+    "metadata": {"finalizers": ["one"]},
+}
 
 
-@pytest.mark.parametrize(("patch", "expected_containers"), [
-    ({"spec": {"containers": [{"name": "b", "image": "z"}]}},
-     [("a", "x", ["A=1", "B=2"]), ("b", "z", [])]),
-    ({"spec": {"containers": [{"name": "a", "env": [{"name": "B", "value": "3"}, {"name": "C", "value": "4"}]}]}},
-     [("a", "x", ["A=1", "B=3", "C=4"]), ("b", "y", [])]),
-    ({"spec": {"containers": [{"name": "a", "env": [{"name": "A", "$patch": "delete"}]}]}},
-     [("a", "x", ["B=2"]), ("b", "y", [])]),
-    ({"spec": {"containers": [{"name": "c", "image": "new"}]}},
-     [("a", "x", ["A=1", "B=2"]), ("b", "y", []), ("c", "new", [])]),
-    ({"spec": {"$setElementOrder/containers": [{"name": "a"}, {"name": "b"}],
-               "containers": [{"name": "b", "image": "q"}]}},
-     [("a", "x", ["A=1", "B=2"]), ("b", "q", [])]),
-    ({"spec": {"containers": [{"name": "b", "$patch": "delete"}]}},
-     [("a", "x", ["A=1", "B=2"])]),
-])
+@pytest.mark.parametrize(
+    ("patch", "expected_containers"),
+    [
+        (
+            {"spec": {"containers": [{"name": "b", "image": "z"}]}},
+            [("a", "x", ["A=1", "B=2"]), ("b", "z", [])],
+        ),
+        (
+            {
+                "spec": {
+                    "containers": [
+                        {"name": "a", "env": [{"name": "B", "value": "3"}, {"name": "C", "value": "4"}]}
+                    ]
+                }
+            },
+            [("a", "x", ["A=1", "B=3", "C=4"]), ("b", "y", [])],
+        ),
+        (
+            {"spec": {"containers": [{"name": "a", "env": [{"name": "A", "$patch": "delete"}]}]}},
+            [("a", "x", ["B=2"]), ("b", "y", [])],
+        ),
+        (
+            {"spec": {"containers": [{"name": "c", "image": "new"}]}},
+            [("a", "x", ["A=1", "B=2"]), ("b", "y", []), ("c", "new", [])],
+        ),
+        (
+            {
+                "spec": {
+                    "$setElementOrder/containers": [{"name": "a"}, {"name": "b"}],
+                    "containers": [{"name": "b", "image": "q"}],
+                }
+            },
+            [("a", "x", ["A=1", "B=2"]), ("b", "q", [])],
+        ),
+        ({"spec": {"containers": [{"name": "b", "$patch": "delete"}]}}, [("a", "x", ["A=1", "B=2"])]),
+    ],
+)
 def test_strategic_merge_merges_containers_and_env_by_name(patch: Any, expected_containers: Any) -> None:
     result = patches.apply(patches.STRATEGIC, POD, patch, custom=False)
-    got = [(c["name"], c["image"], [f"{e['name']}={e['value']}" for e in c.get("env", [])])
-           for c in result["spec"]["containers"]]
+    got = [
+        (c["name"], c["image"], [f"{e['name']}={e['value']}" for e in c.get("env", [])])
+        for c in result["spec"]["containers"]
+    ]
     assert got == expected_containers
     assert all("$" not in key for c in result["spec"]["containers"] for key in c)
 
@@ -42,19 +71,23 @@ def test_strategic_merge_merges_containers_and_env_by_name(patch: Any, expected_
 def test_strategic_merge_unions_finalizers_and_deletes_from_primitive_lists() -> None:
     added = patches.apply(patches.STRATEGIC, POD, {"metadata": {"finalizers": ["two"]}}, custom=False)
     assert added["metadata"]["finalizers"] == ["one", "two"]
-    removed = patches.apply(patches.STRATEGIC, added, {"metadata": {"$deleteFromPrimitiveList/finalizers": ["one"]}},
-                            custom=False)
+    removed = patches.apply(
+        patches.STRATEGIC, added, {"metadata": {"$deleteFromPrimitiveList/finalizers": ["one"]}}, custom=False
+    )
     assert removed["metadata"]["finalizers"] == ["two"]
 
 
 def test_merge_patch_replaces_lists_whole() -> None:
-    result = patches.apply(patches.MERGE, POD, {"spec": {"containers": [{"name": "z", "image": "i"}]}}, custom=True)
+    result = patches.apply(
+        patches.MERGE, POD, {"spec": {"containers": [{"name": "z", "image": "i"}]}}, custom=True
+    )
     assert result["spec"]["containers"] == [{"name": "z", "image": "i"}]
 
 
 def test_json_patch_and_its_errors() -> None:
-    result = patches.apply(patches.JSON, POD, [{"op": "add", "path": "/metadata/labels", "value": {"a": "b"}}],
-                           custom=True)
+    result = patches.apply(
+        patches.JSON, POD, [{"op": "add", "path": "/metadata/labels", "value": {"a": "b"}}], custom=True
+    )
     assert result["metadata"]["labels"] == {"a": "b"}
     with pytest.raises(errors.ApiError) as failed:
         patches.apply(patches.JSON, POD, [{"op": "remove", "path": "/nope"}], custom=True)

@@ -5,20 +5,35 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from tests.sandbox.helpers import PODS, Http, pod
 
 from deviceshare.sandbox import Sandbox, errors, selectors
-from tests.sandbox.helpers import PODS, Http, pod
 
 LABELS = {"app": "web", "tier": "gpu", "env": "prod"}
 
 
-@pytest.mark.parametrize(("selector", "matches"), [
-    ("app=web", True), ("app==web", True), ("app=db", False), ("app!=db", True), ("app!=web", False),
-    ("tier in (gpu, cpu)", True), ("tier in (cpu)", False), ("tier notin (cpu)", True),
-    ("tier notin (gpu)", False), ("env", True), ("missing", False), ("!missing", True), ("!env", False),
-    ("app=web,tier in (gpu),!missing", True), ("app=web,env=dev", False), ("missing!=x", True),
-    ("", True),
-])
+@pytest.mark.parametrize(
+    ("selector", "matches"),
+    [
+        ("app=web", True),
+        ("app==web", True),
+        ("app=db", False),
+        ("app!=db", True),
+        ("app!=web", False),
+        ("tier in (gpu, cpu)", True),
+        ("tier in (cpu)", False),
+        ("tier notin (cpu)", True),
+        ("tier notin (gpu)", False),
+        ("env", True),
+        ("missing", False),
+        ("!missing", True),
+        ("!env", False),
+        ("app=web,tier in (gpu),!missing", True),
+        ("app=web,env=dev", False),
+        ("missing!=x", True),
+        ("", True),
+    ],
+)
 def test_label_selector_grammar(selector: str, matches: bool) -> None:
     assert selectors.parse_labels(selector).matches(LABELS) is matches
 
@@ -45,22 +60,31 @@ def test_equality_and_inequality_are_complements(labels: dict[str, str], key: st
 @given(st.dictionaries(label_keys, label_values), label_keys, st.sets(label_values, min_size=1))
 def test_in_and_notin_are_complements(labels: dict[str, str], key: str, values: set[str]) -> None:
     listed = ",".join(sorted(values))
-    assert selectors.parse_labels(f"{key} in ({listed})").matches(labels) != \
-        selectors.parse_labels(f"{key} notin ({listed})").matches(labels)
+    assert selectors.parse_labels(f"{key} in ({listed})").matches(labels) != selectors.parse_labels(
+        f"{key} notin ({listed})"
+    ).matches(labels)
 
 
 def test_label_selector_objects_of_webhooks() -> None:
-    selector = selectors.from_object({"matchLabels": {"app": "web"},
-                                      "matchExpressions": [{"key": "tier", "operator": "In", "values": ["gpu"]},
-                                                           {"key": "x", "operator": "DoesNotExist"}]})
+    selector = selectors.from_object(
+        {
+            "matchLabels": {"app": "web"},
+            "matchExpressions": [
+                {"key": "tier", "operator": "In", "values": ["gpu"]},
+                {"key": "x", "operator": "DoesNotExist"},
+            ],
+        }
+    )
     assert selector.matches(LABELS)
     assert not selector.matches({"app": "web"})
 
 
 async def test_field_and_label_selectors_over_http(sandbox: Sandbox, http: Http) -> None:
-    for name, node, scheduler, labels in [("a", "gpu-node-0", "deviceshare-scheduler", {"app": "web"}),
-                                          ("b", "gpu-node-1", "default-scheduler", {"app": "db"}),
-                                          ("c", None, "deviceshare-scheduler", {})]:
+    for name, node, scheduler, labels in [
+        ("a", "gpu-node-0", "deviceshare-scheduler", {"app": "web"}),
+        ("b", "gpu-node-1", "default-scheduler", {"app": "db"}),
+        ("c", None, "deviceshare-scheduler", {}),
+    ]:
         await http.call("POST", PODS, pod(name, schedulerName=scheduler, metadata={"labels": labels}))
         if node:
             sandbox.bind("default", name, node)
