@@ -52,3 +52,18 @@ async def test_kmock_reactions_take_precedence(sandbox: Sandbox, http: Http) -> 
     assert (status, body) == (200, {"major": "9", "minor": "99"})
     status, _ = await http.call("GET", "/api/v1/nodes")
     assert status == 200
+
+
+async def test_stalled_watches_deliver_nothing_until_resumed(sandbox: Sandbox, http: Http) -> None:
+    import asyncio
+
+    rv = sandbox.store.resource_version
+    sandbox.stall_watches()
+    watching = asyncio.create_task(http.watch(SDG, {"resourceVersion": rv, "timeoutSeconds": "5"}, limit=1))
+    await asyncio.sleep(0.05)
+    sandbox.create(sdg("g"))
+    await asyncio.sleep(0.1)
+    assert not watching.done()
+    sandbox.resume_watches()
+    events = await asyncio.wait_for(watching, 2)
+    assert events[0]["object"]["metadata"]["name"] == "g"

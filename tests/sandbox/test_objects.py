@@ -238,3 +238,17 @@ async def test_a_crd_applied_later_becomes_served(sandbox: Sandbox, http: Http) 
     await http.call("DELETE", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/widgets.example.com")
     status, _ = await http.call("GET", "/apis/example.com/v1/widgets")
     assert status == 404
+
+
+async def test_dependents_are_garbage_collected_with_their_owner(sandbox: Sandbox, http: Http) -> None:
+    _, owner = await http.call("POST", SDG, sdg("g"))
+    ref = {
+        "apiVersion": "deviceshare.io/v1alpha1",
+        "kind": "SharedDeviceGroup",
+        "name": "g",
+        "uid": owner["metadata"]["uid"],
+    }
+    await http.call("POST", PODS, pod("owned", metadata={"ownerReferences": [ref]}))
+    await http.call("POST", PODS, pod("free"))
+    await http.call("DELETE", f"{SDG}/g")
+    assert [p["metadata"]["name"] for p in sandbox.list("pods", "default")] == ["free"]

@@ -102,6 +102,8 @@ class ApiServer(kmock.KubernetesScaffold):
         self.admission = webhooks
         self.faults = faults.Faults()
         self.bookmark_interval = bookmark_interval
+        self.flowing = asyncio.Event()
+        self.flowing.set()
 
     def __attrs_post_init__(self) -> None:
         pass  # no canned fallbacks: unmatched requests are served by the store
@@ -269,16 +271,16 @@ class ApiServer(kmock.KubernetesScaffold):
         return found
 
     def _select(
-        self, request: kmock.Request, rtype: catalog.ResourceType, ns: str | None
+        self, request: kmock.Request, rtype: catalog.ResourceType, ns: str | None, *, copied: bool = True
     ) -> tuple[list[dict[str, Any]], str]:
         labels = selectors.parse_labels(request.params.get("labelSelector"))
         fields = selectors.parse_fields(request.params.get("fieldSelector"), rtype.selectable)
-        return self.store.list_objects(rtype, ns, labels, fields)
+        return self.store.list_objects(rtype, ns, labels, fields, copied=copied)
 
     def _list(
         self, request: kmock.Request, rtype: catalog.ResourceType, ns: str | None
     ) -> aiohttp.web.Response:
-        items, rv = self._select(request, rtype, ns)
+        items, rv = self._select(request, rtype, ns, copied=False)  # serialized right away
         if "as=Table" in request.headers.get("Accept", ""):
             return _json(tables.table(rtype, items, rv, request.params.get("includeObject", "Metadata")))
         return _json(
@@ -337,6 +339,16 @@ class ApiServer(kmock.KubernetesScaffold):
                 and fields.matches(obj)
             )
 
+        as_table = "as=Table" in request.headers.get("Accept", "")
+        include = params.get("includeObject", "Metadata")
+
+        def encode(kind: str, obj: Mapping[str, Any], event: store.WatchEvent | None = None) -> bytes:
+            if as_table:  # kubectl get -w: each event carries a one-row Table
+                obj = tables.table(rtype, [obj], store.meta(obj).get("resourceVersion", ""), include)
+            elif event is not None and kind == event.type:
+                return event.line
+            return json.dumps({"type": kind, "object": obj}).encode() + b"\n"
+
         raw = request._raw_request
         assert raw is not None  # always set for requests that came over HTTP
         response = aiohttp.web.StreamResponse(status=200, headers={"Content-Type": "application/json"})
@@ -351,18 +363,14 @@ class ApiServer(kmock.KubernetesScaffold):
         try:
             if initial:
                 items, list_rv = self.store.list_objects(rtype, ns, labels, fields)
-                lines = [
-                    json.dumps({"type": "ADDED", "object": obj}).encode() + b"\n"
-                    for obj in items
-                    if visible(obj)
-                ]
+                lines = [encode("ADDED", obj) for obj in items if visible(obj)]
                 if bookmarks and _flag(params, "sendInitialEvents"):
                     lines.append(self._bookmark(rtype, list_rv, initial_end=True))
                 if lines:
                     await response.write(b"".join(lines))
             for event in backlog:
-                await self._send(response, event, visible)
-            await self._stream(response, raw, sub, rtype, visible, bookmarks, lifetime)
+                await self._send(response, event, visible, encode)
+            await self._stream(response, raw, sub, rtype, visible, encode, bookmarks, lifetime)
         except ConnectionResetError:
             return response  # the client went away
         finally:
@@ -378,6 +386,7 @@ class ApiServer(kmock.KubernetesScaffold):
         sub: store.Subscription,
         rtype: catalog.ResourceType,
         visible: Any,
+        encode: Any,
         bookmarks: bool,
         lifetime: float | None,
     ) -> None:
@@ -400,10 +409,14 @@ class ApiServer(kmock.KubernetesScaffold):
                 continue
             if event is None:
                 return
-            await self._send(response, event, visible)
+            await self.flowing.wait()  # stalled watches hold their events until resumed
+            await self._send(response, event, visible, encode)
 
     @staticmethod
-    async def _send(response: aiohttp.web.StreamResponse, event: store.WatchEvent, visible: Any) -> None:
+    async def _send(
+        response: aiohttp.web.StreamResponse, event: store.WatchEvent, visible: Any, encode: Any
+    ) -> None:
+        """One event as this watcher sees it: objects moving in or out of its selector are ADDED/DELETED."""
         now_ok, before_ok = visible(event.obj), visible(event.old)
         if event.type == "MODIFIED" and now_ok and not before_ok:
             kind = "ADDED"
@@ -413,12 +426,7 @@ class ApiServer(kmock.KubernetesScaffold):
             kind = event.type
         else:
             return
-        line = (
-            event.line
-            if kind == event.type
-            else json.dumps({"type": kind, "object": event.obj}).encode() + b"\n"
-        )
-        await response.write(line)
+        await response.write(encode(kind, event.obj, event))
 
     @staticmethod
     def _bookmark(rtype: catalog.ResourceType, rv: str, initial_end: bool = False) -> bytes:

@@ -8,6 +8,7 @@ so watchers see them; they skip admission webhooks, which only HTTP creates go t
 
 from __future__ import annotations
 
+import copy
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -132,6 +133,13 @@ class Sandbox:
         rtype = self._rtype_of(obj)
         return self.store.create(rtype, store.meta(obj).get("namespace"), obj)
 
+    async def create_admitted(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+        """Create as an HTTP client would: through the mutating admission webhooks first."""
+        rtype = self._rtype_of(obj)
+        namespace = store.meta(obj).get("namespace") or ("default" if rtype.namespaced else None)
+        admitted = await self.admission.admit_create(rtype, namespace, copy.deepcopy(dict(obj)))
+        return self.store.create(rtype, namespace, admitted)
+
     def apply_manifests(self, path: Path) -> list[dict[str, Any]]:
         return [self.create(doc) for doc in load_manifests(path)]
 
@@ -244,6 +252,13 @@ class Sandbox:
     def drop_watches(self) -> int:
         """Close every open watch stream; clients must re-watch (from their last resourceVersion)."""
         return self.store.close_watches()
+
+    def stall_watches(self) -> None:
+        """Open watch streams stay open but deliver nothing (a stuck apiserver) until resumed."""
+        self.api.flowing.clear()
+
+    def resume_watches(self) -> None:
+        self.api.flowing.set()
 
     def compact(self) -> None:
         """Forget the watch history: a resume from any older resourceVersion gets 410 Gone."""

@@ -101,9 +101,14 @@ class ObjectStore:
         namespace: str | None = None,
         labels: selectors.LabelSelector | None = None,
         fields: selectors.FieldSelector | None = None,
+        *,
+        copied: bool = True,
     ) -> tuple[list[Obj], str]:
+        """Matching objects by (namespace, name); ``copied=False`` hands out the stored dicts
+        (only for callers that serialize them at once, before any other write)."""
+        clone = copy.deepcopy if copied else _same
         items = [
-            copy.deepcopy(obj)
+            clone(obj)
             for (ns, _), obj in sorted(self._objects[rtype.key].items())
             if (not namespace or ns == namespace)
             and (labels is None or labels.matches(meta(obj).get("labels")))
@@ -274,6 +279,13 @@ class ObjectStore:
                 f"the name of the object ({meta(new).get('name')}) does not match the name "
                 f"on the URL ({name})"
             )
+        if rtype.custom and not meta(new).get("resourceVersion"):  # CRs allow no unconditional update
+            raise errors.invalid(
+                rtype.kind,
+                rtype.group,
+                name,
+                [("metadata.resourceVersion", "Invalid value: 0x0: must be specified for an update")],
+            )
         self._check_precondition(rtype, old, new)
         return self._update(rtype, old, new, subresource)
 
@@ -405,6 +417,7 @@ class ObjectStore:
         return copy.deepcopy(gone)
 
     def _after_delete(self, rtype: catalog.ResourceType, obj: Obj) -> None:
+        self._collect_dependents(meta(obj).get("uid"))
         if rtype.key == ("", "namespaces"):
             for other in self.catalog:
                 if other.namespaced:
@@ -419,6 +432,25 @@ class ObjectStore:
                 meta(gone)["resourceVersion"] = self._next_rv()
                 self._emit("DELETED", next(iter(catalog.from_crd(obj))), gone, None)
             self.catalog.remove_group_plural(*served)
+
+    def _collect_dependents(self, owner_uid: str | None) -> None:
+        """The garbage collector, done at once: objects whose owners are all gone are deleted."""
+        if not owner_uid:
+            return
+        doomed = []
+        for other in self.catalog:
+            for (ns, name), obj in self._objects[other.key].items():
+                refs = meta(obj).get("ownerReferences") or []
+                if any(r.get("uid") == owner_uid for r in refs) and not any(
+                    r.get("uid") != owner_uid and self._uid_alive(r.get("uid")) for r in refs
+                ):
+                    doomed.append((other, ns, name))
+        for other, ns, name in doomed:
+            if (ns, name) in self._objects[other.key]:
+                self.delete(other, ns or None, name)
+
+    def _uid_alive(self, uid: str | None) -> bool:
+        return any(meta(o).get("uid") == uid for objects in self._objects.values() for o in objects.values())
 
     def _serve_crd(self, crd: Obj) -> None:
         spec = crd.get("spec", {})
@@ -457,6 +489,10 @@ class ObjectStore:
         new = copy.deepcopy(old)
         mutate(new)
         return self._update(rtype, old, new, "status")
+
+
+def _same(obj: Obj) -> Obj:
+    return obj
 
 
 def _spec_part(obj: Mapping[str, Any]) -> dict[str, Any]:
