@@ -139,6 +139,21 @@ async def test_events_are_stored_and_selected_by_involved_object(sandbox: Sandbo
     }
     status, _ = await http.call("POST", "/apis/events.k8s.io/v1/namespaces/default/events", new_style)
     assert status == 201
+    _, table = await http.call(
+        "GET",
+        "/api/v1/namespaces/default/events",
+        headers={"Accept": TABLE},
+        params={"fieldSelector": "involvedObject.name=p2"},
+    )
+    assert [c["name"] for c in table["columnDefinitions"]] == [
+        "Last Seen",
+        "Type",
+        "Reason",
+        "Object",
+        "Message",
+        "Name",
+    ]
+    assert table["rows"][0]["cells"][1:5] == ["Normal", "Scheduled", "pod/p2", "Scheduled p2"]
 
 
 async def test_table_output_uses_the_crd_printer_columns(sandbox: Sandbox, http: Http) -> None:

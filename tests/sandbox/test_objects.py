@@ -252,3 +252,31 @@ async def test_dependents_are_garbage_collected_with_their_owner(sandbox: Sandbo
     await http.call("POST", PODS, pod("free"))
     await http.call("DELETE", f"{SDG}/g")
     assert [p["metadata"]["name"] for p in sandbox.list("pods", "default")] == ["free"]
+
+
+async def test_orphan_propagation_keeps_dependents(sandbox: Sandbox, http: Http) -> None:
+    _, owner = await http.call("POST", SDG, sdg("g"))
+    ref = {
+        "apiVersion": "deviceshare.io/v1alpha1",
+        "kind": "SharedDeviceGroup",
+        "name": "g",
+        "uid": owner["metadata"]["uid"],
+    }
+    await http.call("POST", PODS, pod("owned", metadata={"ownerReferences": [ref]}))
+    await http.call("DELETE", f"{SDG}/g", {"kind": "DeleteOptions", "propagationPolicy": "Orphan"})
+    assert sandbox.get("pods", "owned", "default") is not None
+
+
+async def test_delete_collection_with_a_selector(sandbox: Sandbox, http: Http) -> None:
+    for name, team in (("a", "x"), ("b", "y"), ("c", "x")):
+        await http.call("POST", PODS, pod(name, metadata={"labels": {"team": team}}))
+    status, deleted = await http.call("DELETE", PODS, params={"labelSelector": "team=x"})
+    assert status == 200 and [p["metadata"]["name"] for p in deleted["items"]] == ["a", "c"]
+    assert [p["metadata"]["name"] for p in sandbox.list("pods", "default")] == ["b"]
+
+
+async def test_namespaced_objects_are_written_under_their_namespace_only(http: Http) -> None:
+    status, _ = await http.call("POST", "/api/v1/pods", pod("p"))
+    assert status == 405
+    status, listing = await http.call("GET", "/api/v1/pods")
+    assert status == 200 and listing["kind"] == "PodList"

@@ -173,6 +173,8 @@ class ApiServer(kmock.KubernetesScaffold):
         if params.get("dryRun"):
             raise errors.bad_request("dryRun is not supported by the deviceshare sandbox")
         ns = target.namespace if rtype.namespaced else None
+        if rtype.namespaced and ns is None and (target.name is not None or method != "GET"):
+            raise errors.method_not_allowed()  # namespaced objects live under /namespaces/NS/ only
         if method == "GET":
             if _flag(params, "watch"):
                 return await self._watch(request, rtype, ns, target.name)
@@ -205,7 +207,10 @@ class ApiServer(kmock.KubernetesScaffold):
             return _json(self.store.delete(rtype, ns, target.name, _decode(request)))
         if method == "DELETE" and target.name is None:
             items, rv = self._select(request, rtype, ns)
-            gone = [self.store.delete(rtype, ns, obj["metadata"]["name"]) for obj in items]
+            gone = []
+            for obj in items:  # an earlier deletion may have collected a later item already
+                with contextlib.suppress(errors.ApiError):
+                    gone.append(self.store.delete(rtype, ns, obj["metadata"]["name"], _decode(request)))
             return _json(
                 {
                     "kind": f"{rtype.kind}List",

@@ -413,11 +413,15 @@ class ObjectStore:
         gone = copy.deepcopy(old)
         meta(gone)["resourceVersion"] = self._next_rv()
         self._emit("DELETED", rtype, gone, old)
-        self._after_delete(rtype, gone)
+        orphan = (options or {}).get("propagationPolicy") == "Orphan" or (options or {}).get(
+            "orphanDependents"
+        )
+        self._after_delete(rtype, gone, collect=not orphan)
         return copy.deepcopy(gone)
 
-    def _after_delete(self, rtype: catalog.ResourceType, obj: Obj) -> None:
-        self._collect_dependents(meta(obj).get("uid"))
+    def _after_delete(self, rtype: catalog.ResourceType, obj: Obj, *, collect: bool = True) -> None:
+        if collect:
+            self._collect_dependents(meta(obj).get("uid"))
         if rtype.key == ("", "namespaces"):
             for other in self.catalog:
                 if other.namespaced:
