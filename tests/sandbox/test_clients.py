@@ -147,6 +147,11 @@ async def test_kubectl_apply_get_describe_delete(sandbox: Sandbox, tmp_path: Pat
     bad.write_text(json.dumps(sdg("bad", gpus=100)))
     rejected = await run("apply", "-f", str(bad))
     assert rejected.returncode != 0 and "less than or equal to 64" in rejected.stderr
+    namespace = await run("create", "namespace", "team")  # sent as protobuf by kubectl's typed client
+    assert namespace.returncode == 0, namespace.stderr
+    configmap = await run("create", "configmap", "cfg", "-n", "team", "--from-literal=a=b")
+    assert configmap.returncode == 0, configmap.stderr
+    assert (sandbox.get("configmaps", "cfg", "team") or {}).get("data") == {"a": "b"}
     deleted = await run("delete", "-f", str(manifest))
     assert deleted.returncode == 0, deleted.stderr
     assert sandbox.get("sdg", "trainer", "default") is None

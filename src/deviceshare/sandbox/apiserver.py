@@ -28,6 +28,7 @@ from deviceshare.sandbox import (
     errors,
     faults,
     patches,
+    protobuf,
     schema,
     selectors,
     store,
@@ -83,6 +84,24 @@ def _decode(request: kmock.Request) -> Any:
     if not request.body:
         return None
     content_type = request.headers.get("Content-Type", "")
+    if "protobuf" in content_type:
+        try:
+            return protobuf.decode(request.body)
+        except ValueError as e:
+            raise errors.ApiError(
+                415,
+                "UnsupportedMediaType",
+                f"{e}; send JSON instead (e.g. kubectl apply -f, or "
+                "kubectl create ... --dry-run=client -o yaml | kubectl apply -f -)",
+            ) from e
+    if "cbor" in content_type:
+        raise errors.ApiError(
+            415,
+            "UnsupportedMediaType",
+            f"the body of the request was in an unknown format "
+            f"- accepted media types include: application/json, application/yaml "
+            f"(got {content_type})",
+        )
     try:
         if "yaml" in content_type:
             return yaml.safe_load(request.body)

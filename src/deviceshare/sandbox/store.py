@@ -211,6 +211,8 @@ class ObjectStore:
         elif rtype.key == ("", "pods"):
             obj["status"] = {"phase": "Pending", "qosClass": _qos_class(obj)}
             obj.setdefault("spec", {}).setdefault("schedulerName", "default-scheduler")
+        elif rtype.key == ("", "secrets"):
+            obj.setdefault("type", "Opaque")
         elif rtype.key == ("", "namespaces"):
             obj["status"] = {"phase": "Active"}
             obj.setdefault("spec", {"finalizers": ["kubernetes"]})
