@@ -19,6 +19,15 @@ from deviceshare.sandbox import Sandbox
 KUBECTL = shutil.which("kubectl")
 
 
+async def _bound(sandbox: Sandbox, name: str) -> dict[str, Any]:
+    for _ in range(300):
+        group = sandbox.get("sdg", name, "default")
+        if group and group.get("status", {}).get("phase") == "Bound":
+            return group
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"{name} was not handled")
+
+
 async def test_a_kopf_operator_runs_in_process_against_the_sandbox(sandbox: Sandbox) -> None:
     registry = kopf.OperatorRegistry()
     seen: list[str] = []
@@ -45,13 +54,20 @@ async def test_a_kopf_operator_runs_in_process_against_the_sandbox(sandbox: Sand
     )
     try:
         sandbox.create(sdg("g"))
-        for _ in range(300):
-            group = sandbox.get("sdg", "g", "default")
-            if group and group.get("status", {}).get("phase") == "Bound":
-                break
-            await asyncio.sleep(0.02)
-        assert group is not None and group["status"] == {"phase": "Bound", "nodeName": "gpu-node-0"}
+        group = await _bound(sandbox, "g")
+        assert group["status"] == {"phase": "Bound", "nodeName": "gpu-node-0"}
         assert seen == ["g"]
+        # a change Kopf never sees on its stream, then the history is gone and the stream drops:
+        # Kopf resumes from its last version, gets 410 Gone, lists again and handles the change
+        sandbox.stall_watches()
+        sandbox.create(sdg("after-410"))
+        sandbox.compact()
+        sandbox.drop_watches()
+        gone_before = sandbox.api.watches_gone
+        sandbox.resume_watches()
+        await _bound(sandbox, "after-410")
+        assert sandbox.api.watches_gone > gone_before
+        assert seen == ["g", "after-410"]
     finally:
         stop.set_result(None)
         await asyncio.wait_for(task, 10)

@@ -121,6 +121,7 @@ class ApiServer(kmock.KubernetesScaffold):
         self.admission = webhooks
         self.faults = faults.Faults()
         self.bookmark_interval = bookmark_interval
+        self.watches_gone = 0  # watches answered 410 Gone (for tests of client recovery)
         self.flowing = asyncio.Event()
         self.flowing.set()
 
@@ -381,6 +382,7 @@ class ApiServer(kmock.KubernetesScaffold):
         try:
             sub, backlog = self.store.subscribe(rtype.key, None if initial else int(rv))
         except errors.ApiError as e:
+            self.watches_gone += 1
             await response.write(json.dumps({"type": "ERROR", "object": e.status()}).encode() + b"\n")
             await response.write_eof()
             return response
@@ -434,6 +436,8 @@ class ApiServer(kmock.KubernetesScaffold):
             if event is None:
                 return
             await self.flowing.wait()  # stalled watches hold their events until resumed
+            if sub.closed:
+                return
             await self._send(response, event, visible, encode)
 
     @staticmethod

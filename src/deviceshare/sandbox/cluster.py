@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import re
+import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -68,6 +69,7 @@ class Sandbox:
         self._host, self._port = host, port
         self._kubeconfig_path = kubeconfig_path
         self._server: kmock.Server | None = None
+        self._scratch: tempfile.TemporaryDirectory[str] | None = None
         self.url = ""
         self.kubeconfig = Path()
         for ns in SYSTEM_NAMESPACES:
@@ -100,12 +102,14 @@ class Sandbox:
             await self._server.__aexit__(exc_type, exc, tb)
             self._server = None
         await self.api.__aexit__(exc_type, exc, tb)
+        if self._scratch is not None:
+            self._scratch.cleanup()
+            self._scratch = None
 
     def write_kubeconfig(self, path: Path | None = None) -> Path:
-        if path is None:
-            import tempfile
-
-            path = Path(tempfile.mkdtemp(prefix="deviceshare-sandbox-")) / "kubeconfig"
+        if path is None:  # a private folder, removed again when the sandbox stops
+            self._scratch = tempfile.TemporaryDirectory(prefix="deviceshare-sandbox-")
+            path = Path(self._scratch.name) / "kubeconfig"
         path.parent.mkdir(parents=True, exist_ok=True)
         config = {
             "apiVersion": "v1",

@@ -60,6 +60,7 @@ class WatchEvent:
 class Subscription:
     key: Key
     queue: asyncio.Queue[WatchEvent | None] = dataclasses.field(default_factory=asyncio.Queue)
+    closed: bool = False  # the server ended this watch: undelivered events are dropped
 
 
 class ObjectStore:
@@ -139,6 +140,7 @@ class ObjectStore:
         """End every open watch (the clients see the stream close and re-watch)."""
         subs, self._subscriptions = self._subscriptions, []
         for sub in subs:
+            sub.closed = True
             sub.queue.put_nowait(None)
         return len(subs)
 
