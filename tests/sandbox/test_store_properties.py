@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from deviceshare.sandbox import catalog, errors, store
+from deviceshare.sandbox import catalog, errors, selectors, store
 
 names = st.sampled_from(["a", "b", "c"])
 operations = st.lists(
@@ -76,6 +77,18 @@ def test_replaying_the_watch_from_the_start_rebuilds_the_list(ops: list[tuple[st
     items, list_rv = objects.list_objects(rtype, "default")
     assert {i["metadata"]["name"]: i for i in items} == state
     assert int(list_rv) >= last
+
+
+@settings(max_examples=40, deadline=None)
+@given(operations, operations)
+def test_cached_list_json_always_matches_the_objects(first: list[Any], second: list[Any]) -> None:
+    objects, rtype = _fresh()
+    everything = (selectors.LabelSelector(), selectors.FieldSelector())
+    for ops in (first, second):
+        for op in ops:
+            _apply(objects, rtype, op)
+        encoded, _ = objects.list_encoded(rtype, "default", *everything)  # fills the cache, then rechecked
+        assert [json.loads(e) for e in encoded] == objects.list_objects(rtype, "default")[0]
 
 
 @settings(max_examples=60, deadline=None)

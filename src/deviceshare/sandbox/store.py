@@ -67,6 +67,8 @@ class ObjectStore:
     def __init__(self, types: catalog.Catalog | None = None, *, history: int = 10_000) -> None:
         self.catalog = types or catalog.Catalog()
         self._objects: dict[Key, dict[tuple[str, str], Obj]] = collections.defaultdict(dict)
+        # JSON of stored objects, made on first read and dropped on every write: lists are joins
+        self._encoded: dict[Key, dict[tuple[str, str], bytes]] = collections.defaultdict(dict)
         self._rv = 1
         self._history: collections.deque[WatchEvent] = collections.deque()
         self._history_limit = history
@@ -116,6 +118,30 @@ class ObjectStore:
             and (fields is None or fields.matches(obj))
         ]
         return items, self.resource_version
+
+    def list_encoded(
+        self,
+        rtype: catalog.ResourceType,
+        namespace: str | None,
+        labels: selectors.LabelSelector,
+        fields: selectors.FieldSelector,
+    ) -> tuple[list[bytes], str]:
+        """Like ``list_objects``, as the JSON of each object (cached until the object changes)."""
+        objects, cache = self._objects[rtype.key], self._encoded[rtype.key]
+        result = []
+        for key in sorted(objects):
+            obj = objects[key]
+            if namespace and key[0] != namespace:
+                continue
+            if (labels.requirements and not labels.matches(meta(obj).get("labels"))) or (
+                fields.terms and not fields.matches(obj)
+            ):
+                continue
+            line = cache.get(key)
+            if line is None:
+                line = cache[key] = json.dumps(obj).encode()
+            result.append(line)
+        return result, self.resource_version
 
     # ---- watching ------------------------------------------------------------------------
     def subscribe(self, key: Key, since: int | None) -> tuple[Subscription, list[WatchEvent]]:
@@ -201,6 +227,7 @@ class ObjectStore:
         obj = self._validated(rtype, obj, None)
         meta(obj)["resourceVersion"] = self._next_rv()
         self._objects[rtype.key][(meta(obj).get("namespace", ""), name)] = obj
+        self._encoded[rtype.key].pop((meta(obj).get("namespace", ""), name), None)
         if rtype.key == ("apiextensions.k8s.io", "customresourcedefinitions"):
             self._serve_crd(obj)
         self._emit("ADDED", rtype, obj, None)
@@ -378,10 +405,12 @@ class ObjectStore:
         key = (new_md.get("namespace", ""), new_md["name"])
         if new_md.get("deletionTimestamp") and not new_md.get("finalizers"):
             del self._objects[rtype.key][key]
+            self._encoded[rtype.key].pop(key, None)
             self._emit("DELETED", rtype, new, old)
             self._after_delete(rtype, new)
         else:
             self._objects[rtype.key][key] = new
+            self._encoded[rtype.key].pop(key, None)
             if rtype.key == ("apiextensions.k8s.io", "customresourcedefinitions"):
                 self._serve_crd(new)
             self._emit("MODIFIED", rtype, new, old)
@@ -414,6 +443,7 @@ class ObjectStore:
             meta(new).update(deletionTimestamp=now(), deletionGracePeriodSeconds=0)
             return self._commit(rtype, old, new)
         del self._objects[rtype.key][(md.get("namespace", ""), name)]
+        self._encoded[rtype.key].pop((md.get("namespace", ""), name), None)
         gone = copy.deepcopy(old)
         meta(gone)["resourceVersion"] = self._next_rv()
         self._emit("DELETED", rtype, gone, old)
@@ -437,6 +467,7 @@ class ObjectStore:
             served = (spec.get("group", ""), spec.get("names", {}).get("plural", ""))
             for ns, name in list(self._objects[served]):
                 gone = self._objects[served].pop((ns, name))
+                self._encoded[served].pop((ns, name), None)
                 meta(gone)["resourceVersion"] = self._next_rv()
                 self._emit("DELETED", next(iter(catalog.from_crd(obj))), gone, None)
             self.catalog.remove_group_plural(*served)
