@@ -63,3 +63,18 @@ def test_command_prints_the_kubeconfig_and_stops_on_ctrl_c(tmp_path: Path, repo_
     finally:
         process.send_signal(signal.SIGINT)
         assert process.wait(timeout=20) == 0
+
+
+async def test_only_crds_are_taken_from_the_crds_folder(tmp_path: Path, repo_root: Path) -> None:
+    folder = tmp_path / "crds"
+    folder.mkdir()
+    (folder / "shareddevicegroups.yaml").write_text(
+        (repo_root / "crds" / "shareddevicegroups.yaml").read_text()
+    )
+    (folder / "kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\n"
+        "kind: Kustomization\n"
+        "resources: [shareddevicegroups.yaml]\n"
+    )
+    async with Sandbox(nodes=0, crds=folder, kubelet_delay=None) as sandbox:
+        assert sandbox.store.catalog.lookup("sdg").kind == "SharedDeviceGroup"

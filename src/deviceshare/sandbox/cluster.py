@@ -77,7 +77,8 @@ class Sandbox:
         crd_dir = crds if crds is not None else default_crds()
         if crd_dir is not None:
             for doc in load_manifests(crd_dir):
-                self.create(doc)
+                if doc.get("kind") == "CustomResourceDefinition":  # not e.g. a kustomization.yaml
+                    self.create(doc)
         for index in range(nodes):
             self.add_node(f"gpu-node-{index}")
 
