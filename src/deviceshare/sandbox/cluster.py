@@ -77,7 +77,7 @@ class Sandbox:
         crd_dir = crds if crds is not None else default_crds()
         if crd_dir is not None:
             for doc in load_manifests(crd_dir):
-                if doc.get("kind") == "CustomResourceDefinition":  # not e.g. a kustomization.yaml
+                if doc.get("kind") != "Kustomization":  # crds/ is also a kustomize folder
                     self.create(doc)
         for index in range(nodes):
             self.add_node(f"gpu-node-{index}")
