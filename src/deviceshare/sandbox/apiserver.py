@@ -28,6 +28,8 @@ from deviceshare.sandbox import (
     errors,
     faults,
     patches,
+    protobuf,
+    schema,
     selectors,
     store,
     tables,
@@ -74,10 +76,32 @@ def _json(body: Any, status: int = 200, headers: Mapping[str, str] | None = None
     )
 
 
+def _flag(params: Mapping[str, str], name: str) -> bool:
+    return params.get(name, "").lower() in ("true", "1")
+
+
 def _decode(request: kmock.Request) -> Any:
     if not request.body:
         return None
     content_type = request.headers.get("Content-Type", "")
+    if "protobuf" in content_type:
+        try:
+            return protobuf.decode(request.body)
+        except ValueError as e:
+            raise errors.ApiError(
+                415,
+                "UnsupportedMediaType",
+                f"{e}; send JSON instead (e.g. kubectl apply -f, or "
+                "kubectl create ... --dry-run=client -o yaml | kubectl apply -f -)",
+            ) from e
+    if "cbor" in content_type:
+        raise errors.ApiError(
+            415,
+            "UnsupportedMediaType",
+            f"the body of the request was in an unknown format "
+            f"- accepted media types include: application/json, application/yaml "
+            f"(got {content_type})",
+        )
     try:
         if "yaml" in content_type:
             return yaml.safe_load(request.body)
@@ -97,6 +121,9 @@ class ApiServer(kmock.KubernetesScaffold):
         self.admission = webhooks
         self.faults = faults.Faults()
         self.bookmark_interval = bookmark_interval
+        self.watches_gone = 0  # watches answered 410 Gone (for tests of client recovery)
+        self.flowing = asyncio.Event()
+        self.flowing.set()
 
     def __attrs_post_init__(self) -> None:
         pass  # no canned fallbacks: unmatched requests are served by the store
@@ -166,26 +193,33 @@ class ApiServer(kmock.KubernetesScaffold):
         if params.get("dryRun"):
             raise errors.bad_request("dryRun is not supported by the deviceshare sandbox")
         ns = target.namespace if rtype.namespaced else None
+        if rtype.namespaced and ns is None and (target.name is not None or method != "GET"):
+            raise errors.method_not_allowed()  # namespaced objects live under /namespaces/NS/ only
         if method == "GET":
-            if params.get("watch") in ("true", "1"):
+            if _flag(params, "watch"):
                 return await self._watch(request, rtype, ns, target.name)
             if target.name is None:
                 return self._list(request, rtype, ns)
             return self._answer(request, rtype, self.store.get(rtype, ns, target.name))
+        if rtype.verbs == ("create",) and (method != "POST" or target.name is not None):
+            raise errors.method_not_allowed()
+        if method == "POST" and rtype.key == ("", "bindings") and ns:
+            body = _decode(request) or {}
+            return self._bound(ns, store.meta(body).get("name", ""), body)
         if method == "POST" and target.name is None:
             return await self._create(request, rtype, ns)
         if method == "POST" and target.subresource == "binding" and ns:
-            self.store.bind(ns, target.name or "", _decode(request) or {})
-            return _json(
-                {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}, 201
-            )
+            return self._bound(ns, target.name or "", _decode(request) or {})
         if method == "PUT" and target.name:
             body = _decode(request)
             if not isinstance(body, dict):
                 raise errors.bad_request("the body of an update must be an object")
+            self._strict(request, rtype, body)
             return _json(self.store.replace(rtype, ns, target.name, body, target.subresource))
         if method == "PATCH" and target.name:
             content_type = request.headers.get("Content-Type", patches.MERGE)
+            if "json-patch" not in content_type:
+                self._strict(request, rtype, _decode(request))
             return _json(
                 self.store.patch(rtype, ns, target.name, content_type, _decode(request), target.subresource)
             )
@@ -193,7 +227,10 @@ class ApiServer(kmock.KubernetesScaffold):
             return _json(self.store.delete(rtype, ns, target.name, _decode(request)))
         if method == "DELETE" and target.name is None:
             items, rv = self._select(request, rtype, ns)
-            gone = [self.store.delete(rtype, ns, obj["metadata"]["name"]) for obj in items]
+            gone = []
+            for obj in items:  # an earlier deletion may have collected a later item already
+                with contextlib.suppress(errors.ApiError):
+                    gone.append(self.store.delete(rtype, ns, obj["metadata"]["name"], _decode(request)))
             return _json(
                 {
                     "kind": f"{rtype.kind}List",
@@ -203,6 +240,25 @@ class ApiServer(kmock.KubernetesScaffold):
                 }
             )
         raise errors.method_not_allowed()
+
+    @staticmethod
+    def _strict(request: kmock.Request, rtype: catalog.ResourceType, body: Any) -> None:
+        """``fieldValidation=Strict`` (kubectl's default): unknown fields are a 400, not pruned."""
+        if request.params.get("fieldValidation") != "Strict" or rtype.schema is None:
+            return
+        unknown = schema.unknown_fields(rtype.schema, body)
+        if unknown:
+            fields = ", ".join(f'unknown field "{u}"' for u in unknown)
+            raise errors.bad_request(
+                f'{rtype.kind} in version "{rtype.version}" cannot be handled as a {rtype.kind}: '
+                f"strict decoding error: {fields}"
+            )
+
+    def _bound(self, namespace: str, name: str, binding: Mapping[str, Any]) -> aiohttp.web.Response:
+        self.store.bind(namespace, name, binding)
+        return _json(
+            {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}, 201
+        )
 
     def _static(self, path: str) -> dict[str, Any] | None:
         types = self.store.catalog
@@ -240,16 +296,29 @@ class ApiServer(kmock.KubernetesScaffold):
         return found
 
     def _select(
-        self, request: kmock.Request, rtype: catalog.ResourceType, ns: str | None
+        self, request: kmock.Request, rtype: catalog.ResourceType, ns: str | None, *, copied: bool = True
     ) -> tuple[list[dict[str, Any]], str]:
         labels = selectors.parse_labels(request.params.get("labelSelector"))
         fields = selectors.parse_fields(request.params.get("fieldSelector"), rtype.selectable)
-        return self.store.list_objects(rtype, ns, labels, fields)
+        return self.store.list_objects(rtype, ns, labels, fields, copied=copied)
 
     def _list(
         self, request: kmock.Request, rtype: catalog.ResourceType, ns: str | None
     ) -> aiohttp.web.Response:
-        items, rv = self._select(request, rtype, ns)
+        if "as=Table" not in request.headers.get("Accept", ""):
+            labels = selectors.parse_labels(request.params.get("labelSelector"))
+            fields = selectors.parse_fields(request.params.get("fieldSelector"), rtype.selectable)
+            encoded, rv = self.store.list_encoded(rtype, ns, labels, fields)
+            head = json.dumps(
+                {
+                    "kind": f"{rtype.kind}List",
+                    "apiVersion": rtype.api_version,
+                    "metadata": {"resourceVersion": rv},
+                }
+            )
+            body = head[:-1].encode() + b', "items": [' + b", ".join(encoded) + b"]}"
+            return aiohttp.web.Response(body=body, content_type="application/json")
+        items, rv = self._select(request, rtype, ns, copied=False)  # serialized right away
         if "as=Table" in request.headers.get("Accept", ""):
             return _json(tables.table(rtype, items, rv, request.params.get("includeObject", "Metadata")))
         return _json(
@@ -277,6 +346,7 @@ class ApiServer(kmock.KubernetesScaffold):
         body = _decode(request)
         if not isinstance(body, dict):
             raise errors.bad_request("the body of a create must be an object")
+        self._strict(request, rtype, body)
         md = body.setdefault("metadata", {})
         if rtype.namespaced and ns and not md.get("namespace"):
             md["namespace"] = ns
@@ -289,9 +359,9 @@ class ApiServer(kmock.KubernetesScaffold):
         params = request.params
         labels = selectors.parse_labels(params.get("labelSelector"))
         fields = selectors.parse_fields(params.get("fieldSelector"), rtype.selectable)
-        bookmarks = params.get("allowWatchBookmarks") in ("true", "1")
+        bookmarks = _flag(params, "allowWatchBookmarks")
         rv = params.get("resourceVersion") or ""
-        initial = params.get("sendInitialEvents") == "true" or rv in ("", "0")
+        initial = _flag(params, "sendInitialEvents") or rv in ("", "0")
         lifetime = float(params["timeoutSeconds"]) if params.get("timeoutSeconds") else None
         if not initial and not rv.isdigit():
             raise errors.bad_request(f"invalid resource version: {rv!r}")
@@ -307,6 +377,16 @@ class ApiServer(kmock.KubernetesScaffold):
                 and fields.matches(obj)
             )
 
+        as_table = "as=Table" in request.headers.get("Accept", "")
+        include = params.get("includeObject", "Metadata")
+
+        def encode(kind: str, obj: Mapping[str, Any], event: store.WatchEvent | None = None) -> bytes:
+            if as_table:  # kubectl get -w: each event carries a one-row Table
+                obj = tables.table(rtype, [obj], store.meta(obj).get("resourceVersion", ""), include)
+            elif event is not None and kind == event.type:
+                return event.line
+            return json.dumps({"type": kind, "object": obj}).encode() + b"\n"
+
         raw = request._raw_request
         assert raw is not None  # always set for requests that came over HTTP
         response = aiohttp.web.StreamResponse(status=200, headers={"Content-Type": "application/json"})
@@ -315,24 +395,21 @@ class ApiServer(kmock.KubernetesScaffold):
         try:
             sub, backlog = self.store.subscribe(rtype.key, None if initial else int(rv))
         except errors.ApiError as e:
+            self.watches_gone += 1
             await response.write(json.dumps({"type": "ERROR", "object": e.status()}).encode() + b"\n")
             await response.write_eof()
             return response
         try:
             if initial:
                 items, list_rv = self.store.list_objects(rtype, ns, labels, fields)
-                lines = [
-                    json.dumps({"type": "ADDED", "object": obj}).encode() + b"\n"
-                    for obj in items
-                    if visible(obj)
-                ]
-                if bookmarks and params.get("sendInitialEvents") == "true":
+                lines = [encode("ADDED", obj) for obj in items if visible(obj)]
+                if bookmarks and _flag(params, "sendInitialEvents"):
                     lines.append(self._bookmark(rtype, list_rv, initial_end=True))
                 if lines:
                     await response.write(b"".join(lines))
             for event in backlog:
-                await self._send(response, event, visible)
-            await self._stream(response, raw, sub, rtype, visible, bookmarks, lifetime)
+                await self._send(response, event, visible, encode)
+            await self._stream(response, raw, sub, rtype, visible, encode, bookmarks, lifetime)
         except ConnectionResetError:
             return response  # the client went away
         finally:
@@ -348,6 +425,7 @@ class ApiServer(kmock.KubernetesScaffold):
         sub: store.Subscription,
         rtype: catalog.ResourceType,
         visible: Any,
+        encode: Any,
         bookmarks: bool,
         lifetime: float | None,
     ) -> None:
@@ -370,10 +448,16 @@ class ApiServer(kmock.KubernetesScaffold):
                 continue
             if event is None:
                 return
-            await self._send(response, event, visible)
+            await self.flowing.wait()  # stalled watches hold their events until resumed
+            if sub.closed:
+                return
+            await self._send(response, event, visible, encode)
 
     @staticmethod
-    async def _send(response: aiohttp.web.StreamResponse, event: store.WatchEvent, visible: Any) -> None:
+    async def _send(
+        response: aiohttp.web.StreamResponse, event: store.WatchEvent, visible: Any, encode: Any
+    ) -> None:
+        """One event as this watcher sees it: objects moving in or out of its selector are ADDED/DELETED."""
         now_ok, before_ok = visible(event.obj), visible(event.old)
         if event.type == "MODIFIED" and now_ok and not before_ok:
             kind = "ADDED"
@@ -383,12 +467,7 @@ class ApiServer(kmock.KubernetesScaffold):
             kind = event.type
         else:
             return
-        line = (
-            event.line
-            if kind == event.type
-            else json.dumps({"type": kind, "object": event.obj}).encode() + b"\n"
-        )
-        await response.write(line)
+        await response.write(encode(kind, event.obj, event))
 
     @staticmethod
     def _bookmark(rtype: catalog.ResourceType, rv: str, initial_end: bool = False) -> bytes:

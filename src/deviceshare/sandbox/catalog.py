@@ -43,6 +43,7 @@ class ResourceType:
     schema: Mapping[str, Any] | None = None  # openAPIV3Schema, CRDs only
     printer_columns: tuple[Mapping[str, Any], ...] = ()
     custom: bool = False
+    verbs: tuple[str, ...] = VERBS
 
     @property
     def key(self) -> tuple[str, str]:
@@ -103,6 +104,7 @@ BUILTINS: tuple[ResourceType, ...] = (
             }
         ),
     ),
+    _core("bindings", "Binding", verbs=("create",)),
     _core("events", "Event", short_names=("ev",), field_selectors=EVENT_FIELDS),
     _core("configmaps", "ConfigMap", short_names=("cm",)),
     _core("secrets", "Secret", field_selectors=frozenset({"type"})),

@@ -8,7 +8,9 @@ so watchers see them; they skip admission webhooks, which only HTTP creates go t
 
 from __future__ import annotations
 
+import copy
 import re
+import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -67,6 +69,7 @@ class Sandbox:
         self._host, self._port = host, port
         self._kubeconfig_path = kubeconfig_path
         self._server: kmock.Server | None = None
+        self._scratch: tempfile.TemporaryDirectory[str] | None = None
         self.url = ""
         self.kubeconfig = Path()
         for ns in SYSTEM_NAMESPACES:
@@ -100,12 +103,14 @@ class Sandbox:
             await self._server.__aexit__(exc_type, exc, tb)
             self._server = None
         await self.api.__aexit__(exc_type, exc, tb)
+        if self._scratch is not None:
+            self._scratch.cleanup()
+            self._scratch = None
 
     def write_kubeconfig(self, path: Path | None = None) -> Path:
-        if path is None:
-            import tempfile
-
-            path = Path(tempfile.mkdtemp(prefix="deviceshare-sandbox-")) / "kubeconfig"
+        if path is None:  # a private folder, removed again when the sandbox stops
+            self._scratch = tempfile.TemporaryDirectory(prefix="deviceshare-sandbox-")
+            path = Path(self._scratch.name) / "kubeconfig"
         path.parent.mkdir(parents=True, exist_ok=True)
         config = {
             "apiVersion": "v1",
@@ -132,6 +137,13 @@ class Sandbox:
     def create(self, obj: Mapping[str, Any]) -> dict[str, Any]:
         rtype = self._rtype_of(obj)
         return self.store.create(rtype, store.meta(obj).get("namespace"), obj)
+
+    async def create_admitted(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+        """Create as an HTTP client would: through the mutating admission webhooks first."""
+        rtype = self._rtype_of(obj)
+        namespace = store.meta(obj).get("namespace") or ("default" if rtype.namespaced else None)
+        admitted = await self.admission.admit_create(rtype, namespace, copy.deepcopy(dict(obj)))
+        return self.store.create(rtype, namespace, admitted)
 
     def apply_manifests(self, path: Path) -> list[dict[str, Any]]:
         return [self.create(doc) for doc in load_manifests(path)]
@@ -245,6 +257,13 @@ class Sandbox:
     def drop_watches(self) -> int:
         """Close every open watch stream; clients must re-watch (from their last resourceVersion)."""
         return self.store.close_watches()
+
+    def stall_watches(self) -> None:
+        """Open watch streams stay open but deliver nothing (a stuck apiserver) until resumed."""
+        self.api.flowing.clear()
+
+    def resume_watches(self) -> None:
+        self.api.flowing.set()
 
     def compact(self) -> None:
         """Forget the watch history: a resume from any older resourceVersion gets 410 Gone."""

@@ -63,7 +63,7 @@ def resource_list(types: catalog.Catalog, group_name: str, version: str) -> dict
             "singularName": rtype.singular,
             "namespaced": rtype.namespaced,
             "kind": rtype.kind,
-            "verbs": list(catalog.VERBS),
+            "verbs": list(rtype.verbs),
         }
         if rtype.short_names:
             entry["shortNames"] = list(rtype.short_names)

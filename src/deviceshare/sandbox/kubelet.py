@@ -66,9 +66,15 @@ def node(
             ],
             "nodeInfo": {
                 "kubeletVersion": KUBELET_VERSION,
+                "kubeProxyVersion": KUBELET_VERSION,
                 "operatingSystem": "linux",
                 "architecture": "amd64",
+                "osImage": "deviceshare sandbox",
+                "kernelVersion": "6.0.0-sandbox",
                 "containerRuntimeVersion": "sandbox://0",
+                "bootID": f"boot-{name}",
+                "machineID": f"machine-{name}",
+                "systemUUID": f"uuid-{name}",
             },
             "addresses": [
                 {"type": "InternalIP", "address": "10.0.0.1"},

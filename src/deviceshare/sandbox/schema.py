@@ -215,3 +215,27 @@ def _rules(schema: Mapping[str, Any], value: Any, old: Any, path: str) -> list[C
 
 def check(schema: Mapping[str, Any], obj: Any, old: Any | None) -> list[Cause]:
     return validate(schema, obj, _ABSENT if old is None else old, "")
+
+
+def unknown_fields(schema: Mapping[str, Any], value: Any, path: str = "") -> list[str]:
+    """Paths the schema does not declare (what ``fieldValidation=Strict`` rejects instead of pruning)."""
+    found: list[str] = []
+    if isinstance(value, Mapping) and schema.get("type", "object") == "object":
+        props: Mapping[str, Any] = schema.get("properties") or {}
+        additional = schema.get("additionalProperties")
+        open_ended = schema.get("x-kubernetes-preserve-unknown-fields") or (
+            props == {} and additional is None
+        )
+        for key, item in value.items():
+            if not path and key in ("apiVersion", "kind", "metadata"):
+                continue
+            if key in props:
+                found += unknown_fields(props[key], item, _join(path, key))
+            elif isinstance(additional, Mapping):
+                found += unknown_fields(additional, item, _join(path, key))
+            elif not (open_ended or additional is True):
+                found.append(_join(path, key))
+    elif isinstance(value, list) and isinstance(schema.get("items"), Mapping):
+        for index, item in enumerate(value):
+            found += unknown_fields(schema["items"], item, f"{path}[{index}]")
+    return found

@@ -16,31 +16,22 @@ import asyncio
 import collections
 import copy
 import dataclasses
-import datetime
 import json
 import random
-import re
 import uuid
 from collections.abc import Callable, Mapping
 from functools import cached_property
 from typing import Any
 
-from deviceshare.sandbox import catalog, errors, patches, schema, selectors
+from deviceshare.sandbox import catalog, errors, patches, selectors, strategies
 
 Obj = dict[str, Any]
 Key = tuple[str, str]  # (group, plural)
 
-_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
-_POD_SPEC_MUTABLE = ("activeDeadlineSeconds", "tolerations", "terminationGracePeriodSeconds")
 
-
-def now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def meta(obj: Mapping[str, Any]) -> dict[str, Any]:
-    found = obj.get("metadata")
-    return found if isinstance(found, dict) else {}
+now = strategies.now
+meta = strategies.meta
+set_condition = strategies.set_condition
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,12 +51,15 @@ class WatchEvent:
 class Subscription:
     key: Key
     queue: asyncio.Queue[WatchEvent | None] = dataclasses.field(default_factory=asyncio.Queue)
+    closed: bool = False  # the server ended this watch: undelivered events are dropped
 
 
 class ObjectStore:
     def __init__(self, types: catalog.Catalog | None = None, *, history: int = 10_000) -> None:
         self.catalog = types or catalog.Catalog()
         self._objects: dict[Key, dict[tuple[str, str], Obj]] = collections.defaultdict(dict)
+        # JSON of stored objects, made on first read and dropped on every write: lists are joins
+        self._encoded: dict[Key, dict[tuple[str, str], bytes]] = collections.defaultdict(dict)
         self._rv = 1
         self._history: collections.deque[WatchEvent] = collections.deque()
         self._history_limit = history
@@ -101,15 +95,44 @@ class ObjectStore:
         namespace: str | None = None,
         labels: selectors.LabelSelector | None = None,
         fields: selectors.FieldSelector | None = None,
+        *,
+        copied: bool = True,
     ) -> tuple[list[Obj], str]:
+        """Matching objects by (namespace, name); ``copied=False`` hands out the stored dicts
+        (only for callers that serialize them at once, before any other write)."""
+        clone = copy.deepcopy if copied else _same
         items = [
-            copy.deepcopy(obj)
+            clone(obj)
             for (ns, _), obj in sorted(self._objects[rtype.key].items())
             if (not namespace or ns == namespace)
             and (labels is None or labels.matches(meta(obj).get("labels")))
             and (fields is None or fields.matches(obj))
         ]
         return items, self.resource_version
+
+    def list_encoded(
+        self,
+        rtype: catalog.ResourceType,
+        namespace: str | None,
+        labels: selectors.LabelSelector,
+        fields: selectors.FieldSelector,
+    ) -> tuple[list[bytes], str]:
+        """Like ``list_objects``, as the JSON of each object (cached until the object changes)."""
+        objects, cache = self._objects[rtype.key], self._encoded[rtype.key]
+        result = []
+        for key in sorted(objects):
+            obj = objects[key]
+            if namespace and key[0] != namespace:
+                continue
+            if (labels.requirements and not labels.matches(meta(obj).get("labels"))) or (
+                fields.terms and not fields.matches(obj)
+            ):
+                continue
+            line = cache.get(key)
+            if line is None:
+                line = cache[key] = json.dumps(obj).encode()
+            result.append(line)
+        return result, self.resource_version
 
     # ---- watching ------------------------------------------------------------------------
     def subscribe(self, key: Key, since: int | None) -> tuple[Subscription, list[WatchEvent]]:
@@ -134,6 +157,7 @@ class ObjectStore:
         """End every open watch (the clients see the stream close and re-watch)."""
         subs, self._subscriptions = self._subscriptions, []
         for sub in subs:
+            sub.closed = True
             sub.queue.put_nowait(None)
         return len(subs)
 
@@ -190,74 +214,15 @@ class ObjectStore:
         for field in ("deletionTimestamp", "deletionGracePeriodSeconds", "resourceVersion"):
             md.pop(field, None)
         md.update(uid=str(uuid.uuid4()), creationTimestamp=now(), generation=1)
-        obj = self._on_create(rtype, obj)
-        obj = self._validated(rtype, obj, None)
+        obj = strategies.prepare_for_create(rtype, obj)
+        obj = strategies.validated(rtype, obj, None)
         meta(obj)["resourceVersion"] = self._next_rv()
         self._objects[rtype.key][(meta(obj).get("namespace", ""), name)] = obj
+        self._encoded[rtype.key].pop((meta(obj).get("namespace", ""), name), None)
         if rtype.key == ("apiextensions.k8s.io", "customresourcedefinitions"):
             self._serve_crd(obj)
         self._emit("ADDED", rtype, obj, None)
         return copy.deepcopy(obj)
-
-    def _on_create(self, rtype: catalog.ResourceType, obj: Obj) -> Obj:
-        """What each kind's registry strategy does at creation."""
-        if rtype.custom and rtype.has_status:
-            obj.pop("status", None)
-        elif rtype.key == ("", "pods"):
-            obj["status"] = {"phase": "Pending", "qosClass": _qos_class(obj)}
-            obj.setdefault("spec", {}).setdefault("schedulerName", "default-scheduler")
-        elif rtype.key == ("", "namespaces"):
-            obj["status"] = {"phase": "Active"}
-            obj.setdefault("spec", {"finalizers": ["kubernetes"]})
-            meta(obj).setdefault("labels", {})["kubernetes.io/metadata.name"] = meta(obj)["name"]
-        elif rtype.key == ("apiextensions.k8s.io", "customresourcedefinitions"):
-            names = obj.get("spec", {}).get("names", {})
-            obj["status"] = {
-                "acceptedNames": names,
-                "storedVersions": [
-                    v["name"] for v in obj.get("spec", {}).get("versions", []) if v.get("storage")
-                ],
-                "conditions": [
-                    {"type": t, "status": "True", "reason": r, "message": m, "lastTransitionTime": now()}
-                    for t, r, m in (
-                        ("NamesAccepted", "NoConflicts", "no conflicts found"),
-                        ("Established", "InitialNamesAccepted", "the initial names have been accepted"),
-                    )
-                ],
-            }
-        return obj
-
-    def _validated(self, rtype: catalog.ResourceType, obj: Obj, old: Obj | None) -> Obj:
-        name = meta(obj).get("name", "")
-        causes: list[tuple[str, str]] = []
-        if len(name) > 253 or not _NAME.match(name):
-            causes.append(
-                (
-                    "metadata.name",
-                    f'Invalid value: "{name}": a lowercase RFC 1123 subdomain must '
-                    "consist of lower case alphanumeric characters, '-' or '.', and must "
-                    "start and end with an alphanumeric character",
-                )
-            )
-        if rtype.schema is not None:
-            obj = schema.prune_and_default(rtype.schema, obj)
-            causes += schema.check(rtype.schema, obj, old)
-        elif rtype.key == ("", "pods"):
-            containers = obj.get("spec", {}).get("containers")
-            if not containers:
-                causes.append(("spec.containers", "Required value"))
-            for i, c in enumerate(containers or []):
-                for field in ("name", "image"):
-                    if not c.get(field):
-                        causes.append((f"spec.containers[{i}].{field}", "Required value"))
-        elif rtype.key == ("apiextensions.k8s.io", "customresourcedefinitions"):
-            spec = obj.get("spec", {})
-            for field in ("group", "names", "versions"):
-                if not spec.get(field):
-                    causes.append((f"spec.{field}", "Required value"))
-        if causes:
-            raise errors.invalid(rtype.kind, rtype.group, name, causes)
-        return obj
 
     def replace(
         self,
@@ -273,6 +238,13 @@ class ObjectStore:
             raise errors.bad_request(
                 f"the name of the object ({meta(new).get('name')}) does not match the name "
                 f"on the URL ({name})"
+            )
+        if rtype.custom and not meta(new).get("resourceVersion"):  # CRs allow no unconditional update
+            raise errors.invalid(
+                rtype.kind,
+                rtype.group,
+                name,
+                [("metadata.resourceVersion", "Invalid value: 0x0: must be specified for an update")],
             )
         self._check_precondition(rtype, old, new)
         return self._update(rtype, old, new, subresource)
@@ -314,7 +286,7 @@ class ObjectStore:
                 else:
                     new.pop("status", None)
             if rtype.key == ("", "pods"):
-                _check_pod_spec(old, new)
+                strategies.check_pod_update(old, new)
         old_md, new_md = meta(old), meta(new)
         for field in (
             "uid",
@@ -349,7 +321,7 @@ class ObjectStore:
 
     def _commit(self, rtype: catalog.ResourceType, old: Obj, new: Obj) -> Obj:
         """Store an update: bump generation/resourceVersion when something changed, finish deletions."""
-        new = self._validated(rtype, new, old)
+        new = strategies.validated(rtype, new, old)
         new_md = meta(new)
         new_md["resourceVersion"] = meta(old)["resourceVersion"]
         new_md["generation"] = meta(old).get("generation", 1)
@@ -362,10 +334,12 @@ class ObjectStore:
         key = (new_md.get("namespace", ""), new_md["name"])
         if new_md.get("deletionTimestamp") and not new_md.get("finalizers"):
             del self._objects[rtype.key][key]
+            self._encoded[rtype.key].pop(key, None)
             self._emit("DELETED", rtype, new, old)
             self._after_delete(rtype, new)
         else:
             self._objects[rtype.key][key] = new
+            self._encoded[rtype.key].pop(key, None)
             if rtype.key == ("apiextensions.k8s.io", "customresourcedefinitions"):
                 self._serve_crd(new)
             self._emit("MODIFIED", rtype, new, old)
@@ -398,13 +372,19 @@ class ObjectStore:
             meta(new).update(deletionTimestamp=now(), deletionGracePeriodSeconds=0)
             return self._commit(rtype, old, new)
         del self._objects[rtype.key][(md.get("namespace", ""), name)]
+        self._encoded[rtype.key].pop((md.get("namespace", ""), name), None)
         gone = copy.deepcopy(old)
         meta(gone)["resourceVersion"] = self._next_rv()
         self._emit("DELETED", rtype, gone, old)
-        self._after_delete(rtype, gone)
+        orphan = (options or {}).get("propagationPolicy") == "Orphan" or (options or {}).get(
+            "orphanDependents"
+        )
+        self._after_delete(rtype, gone, collect=not orphan)
         return copy.deepcopy(gone)
 
-    def _after_delete(self, rtype: catalog.ResourceType, obj: Obj) -> None:
+    def _after_delete(self, rtype: catalog.ResourceType, obj: Obj, *, collect: bool = True) -> None:
+        if collect:
+            self._collect_dependents(meta(obj).get("uid"))
         if rtype.key == ("", "namespaces"):
             for other in self.catalog:
                 if other.namespaced:
@@ -416,9 +396,29 @@ class ObjectStore:
             served = (spec.get("group", ""), spec.get("names", {}).get("plural", ""))
             for ns, name in list(self._objects[served]):
                 gone = self._objects[served].pop((ns, name))
+                self._encoded[served].pop((ns, name), None)
                 meta(gone)["resourceVersion"] = self._next_rv()
                 self._emit("DELETED", next(iter(catalog.from_crd(obj))), gone, None)
             self.catalog.remove_group_plural(*served)
+
+    def _collect_dependents(self, owner_uid: str | None) -> None:
+        """The garbage collector, done at once: objects whose owners are all gone are deleted."""
+        if not owner_uid:
+            return
+        doomed = []
+        for other in self.catalog:
+            for (ns, name), obj in self._objects[other.key].items():
+                refs = meta(obj).get("ownerReferences") or []
+                if any(r.get("uid") == owner_uid for r in refs) and not any(
+                    r.get("uid") != owner_uid and self._uid_alive(r.get("uid")) for r in refs
+                ):
+                    doomed.append((other, ns, name))
+        for other, ns, name in doomed:
+            if (ns, name) in self._objects[other.key]:
+                self.delete(other, ns or None, name)
+
+    def _uid_alive(self, uid: str | None) -> bool:
+        return any(meta(o).get("uid") == uid for objects in self._objects.values() for o in objects.values())
 
     def _serve_crd(self, crd: Obj) -> None:
         spec = crd.get("spec", {})
@@ -459,59 +459,9 @@ class ObjectStore:
         return self._update(rtype, old, new, "status")
 
 
+def _same(obj: Obj) -> Obj:
+    return obj
+
+
 def _spec_part(obj: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in obj.items() if k not in ("metadata", "status", "apiVersion", "kind")}
-
-
-def _qos_class(pod: Mapping[str, Any]) -> str:
-    resources = [c.get("resources") or {} for c in pod.get("spec", {}).get("containers", [])]
-    if resources and all(
-        r.get("limits") and r.get("limits") == r.get("requests", r.get("limits")) for r in resources
-    ):
-        return "Guaranteed"
-    return "Burstable" if any(r.get("limits") or r.get("requests") for r in resources) else "BestEffort"
-
-
-def _check_pod_spec(old: Obj, new: Obj) -> None:
-    """Pod specs are immutable except a few fields; ``nodeName`` changes only through binding."""
-
-    def comparable(spec: Mapping[str, Any]) -> dict[str, Any]:
-        out = {k: v for k, v in spec.items() if k not in _POD_SPEC_MUTABLE}
-        for field in ("containers", "initContainers"):
-            out[field] = [{k: v for k, v in c.items() if k != "image"} for c in spec.get(field) or []]
-        return out
-
-    if comparable(old.get("spec") or {}) != comparable(new.get("spec") or {}):
-        raise errors.invalid(
-            "Pod",
-            "",
-            meta(old)["name"],
-            [
-                (
-                    "spec",
-                    "Forbidden: pod updates may not change fields other than `spec.containers[*].image`,"
-                    "`spec.initContainers[*].image`,`spec.activeDeadlineSeconds`,`spec.tolerations` (only "
-                    "additions to existing tolerations),`spec.terminationGracePeriodSeconds` (allow it to be "
-                    "set to 1 if it was previously negative)",
-                )
-            ],
-        )
-
-
-def set_condition(
-    obj: Obj, type_: str, status: str, reason: str | None = None, message: str | None = None
-) -> None:
-    conditions = obj.setdefault("status", {}).setdefault("conditions", [])
-    current = next((c for c in conditions if c.get("type") == type_), None)
-    if current is None:
-        current = {"type": type_}
-        conditions.append(current)
-    if current.get("status") != status:
-        current["lastTransitionTime"] = now()
-    current["status"] = status
-    current["lastProbeTime"] = None
-    for field, value in (("reason", reason), ("message", message)):
-        if value is None:
-            current.pop(field, None)
-        else:
-            current[field] = value

@@ -80,6 +80,27 @@ def _node_cells(node: Row) -> list[Any]:
     ]
 
 
+def _event_cells(event: Row) -> list[Any]:
+    involved = event.get("involvedObject") or event.get("regarding") or {}
+    seen = event.get("lastTimestamp") or event.get("eventTime") or event["metadata"].get("creationTimestamp")
+    return [
+        age(seen),
+        event.get("type", ""),
+        event.get("reason", ""),
+        f"{str(involved.get('kind', '')).lower()}/{involved.get('name', '')}",
+        event.get("message") or event.get("note") or "",
+    ]
+
+
+# kubectl's columns for events put the name last and hidden (priority 1)
+_EVENT_COLUMNS = [
+    ("Last Seen", "string", 0),
+    ("Type", "string", 0),
+    ("Reason", "string", 0),
+    ("Object", "string", 0),
+    ("Message", "string", 0),
+]
+
 _BUILTIN: dict[tuple[str, str], tuple[list[tuple[str, str, int]], Callable[[Row], list[Any]]]] = {
     ("", "pods"): (
         [
@@ -91,6 +112,8 @@ _BUILTIN: dict[tuple[str, str], tuple[list[tuple[str, str, int]], Callable[[Row]
         ],
         _pod_cells,
     ),
+    ("", "events"): (_EVENT_COLUMNS, _event_cells),
+    ("events.k8s.io", "events"): (_EVENT_COLUMNS, _event_cells),
     ("", "nodes"): (
         [("Status", "string", 0), ("Roles", "string", 0), ("Age", "string", 0), ("Version", "string", 0)],
         _node_cells,
@@ -137,9 +160,13 @@ def table(
         def cells(obj: Row) -> list[Any]:
             return [age(obj.get("metadata", {}).get("creationTimestamp"))]
 
+    name_last = rtype.plural == "events" and not rtype.printer_columns
+    if name_last:
+        columns = [*columns[1:], dict(columns[0], priority=1)]
     rows = []
     for obj in items:
-        row: dict[str, Any] = {"cells": [obj["metadata"]["name"], *cells(obj)]}
+        name = obj["metadata"]["name"]
+        row: dict[str, Any] = {"cells": [*cells(obj), name] if name_last else [name, *cells(obj)]}
         if include_object == "Object":
             row["object"] = obj
         elif include_object != "None":

@@ -1,0 +1,115 @@
+"""Just enough of Kubernetes' protobuf encoding for kubectl's imperative ``create`` commands.
+
+kubectl sends built-in kinds as ``application/vnd.kubernetes.protobuf`` from its typed clients
+(``kubectl create namespace``, ``create configmap``) and does not fall back to JSON on a 415.
+Decoding every built-in type would need their schemas; metadata-only kinds need only the
+protobuf wire format and the field numbers of ObjectMeta, so those are decoded here. Anything
+else is answered 415 with a hint to use ``kubectl apply -f`` (which sends JSON).
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterator
+from typing import Any
+
+MAGIC = b"k8s\x00"
+
+Field = tuple[int, int, Any]  # (number, wire type, value: int or bytes)
+
+
+def _varint(data: bytes, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        if pos >= len(data):
+            raise ValueError("truncated varint")
+        byte = data[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return result, pos
+        shift += 7
+
+
+def fields(data: bytes) -> Iterator[Field]:
+    pos = 0
+    while pos < len(data):
+        key, pos = _varint(data, pos)
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            value, pos = _varint(data, pos)
+            yield number, wire, value
+        elif wire == 2:
+            size, pos = _varint(data, pos)
+            yield number, wire, data[pos : pos + size]
+            pos += size
+        elif wire in (1, 5):
+            width = 8 if wire == 1 else 4
+            yield number, wire, data[pos : pos + width]
+            pos += width
+        else:
+            raise ValueError(f"unsupported wire type {wire}")
+
+
+def _text(value: Any) -> str:
+    return bytes(value).decode()
+
+
+def _entry(value: bytes) -> tuple[str, bytes]:
+    parts = {n: v for n, _, v in fields(value)}
+    return _text(parts.get(1, b"")), bytes(parts.get(2, b""))
+
+
+def _object_meta(data: bytes) -> dict[str, Any]:
+    meta: dict[str, Any] = {}
+    names = {1: "name", 2: "generateName", 3: "namespace"}
+    for number, _, value in fields(data):
+        if number in names:
+            meta[names[number]] = _text(value)
+        elif number in (11, 12):
+            key, raw = _entry(value)
+            meta.setdefault("labels" if number == 11 else "annotations", {})[key] = raw.decode()
+        elif number == 14:
+            meta.setdefault("finalizers", []).append(_text(value))
+    return meta
+
+
+def _string_maps(data: bytes, maps: dict[int, tuple[str, bool]]) -> dict[str, Any]:
+    """Top-level fields: 1 = metadata, others = map fields named in ``maps`` (name, binary?)."""
+    obj: dict[str, Any] = {}
+    for number, _, value in fields(data):
+        if number == 1:
+            obj["metadata"] = _object_meta(value)
+        elif number in maps:
+            name, binary = maps[number]
+            key, raw = _entry(value)
+            obj.setdefault(name, {})[key] = base64.b64encode(raw).decode() if binary else raw.decode()
+    return obj
+
+
+# kind -> its map fields; these kinds carry nothing but metadata and string maps
+DECODABLE: dict[str, dict[int, tuple[str, bool]]] = {
+    "Namespace": {},
+    "ConfigMap": {2: ("data", False), 3: ("binaryData", True)},
+    "Secret": {2: ("data", True), 4: ("stringData", False)},
+    "ServiceAccount": {},
+}
+
+
+def decode(body: bytes) -> dict[str, Any]:
+    """The JSON form of a protobuf-encoded object, or ValueError when it cannot be decoded here."""
+    if not body.startswith(MAGIC):
+        raise ValueError("not a Kubernetes protobuf envelope")
+    unknown = {n: v for n, _, v in fields(body[len(MAGIC) :])}
+    type_meta = {n: _text(v) for n, _, v in fields(bytes(unknown.get(1, b"")))}
+    api_version, kind = type_meta.get(1, ""), type_meta.get(2, "")
+    if kind not in DECODABLE:
+        raise ValueError(
+            f"the sandbox decodes protobuf only for {', '.join(sorted(DECODABLE))}, not {kind!r}"
+        )
+    obj = _string_maps(bytes(unknown.get(2, b"")), DECODABLE[kind])
+    if kind == "Secret":
+        for number, wire, value in fields(bytes(unknown.get(2, b""))):
+            if number == 3 and wire == 2:
+                obj["type"] = _text(value)
+    return {"apiVersion": api_version, "kind": kind, **obj}
