@@ -6,9 +6,9 @@ from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
-from tests.sandbox.helpers import Http
 
 from deviceshare.sandbox import Sandbox
+from tests.sandbox.helpers import Http
 
 
 @pytest.fixture

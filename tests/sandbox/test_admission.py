@@ -12,10 +12,10 @@ from typing import Any
 import aiohttp
 import aiohttp.web
 import pytest
-from tests.sandbox import tls
-from tests.sandbox.helpers import PODS, Http, pod
 
 from deviceshare.sandbox import Sandbox
+from tests.sandbox import tls
+from tests.sandbox.helpers import PODS, Http, pod
 
 GROUP_ANNOTATION = "deviceshare.io/device-group"
 

@@ -12,9 +12,9 @@ from typing import Any
 import kopf
 import pytest
 from kubernetes_asyncio import client, config, watch
-from tests.sandbox.helpers import sdg
 
 from deviceshare.sandbox import Sandbox
+from tests.sandbox.helpers import sdg
 
 KUBECTL = shutil.which("kubectl")
 

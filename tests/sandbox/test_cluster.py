@@ -5,9 +5,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from tests.sandbox.helpers import PODS, SDG, Http, pod, sdg
-
 from deviceshare.sandbox import Sandbox
+from tests.sandbox.helpers import PODS, SDG, Http, pod, sdg
 
 TABLE = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 
 import aiohttp
-from tests.sandbox.helpers import SDG, Http, sdg
 
 from deviceshare.sandbox import Sandbox
+from tests.sandbox.helpers import SDG, Http, sdg
 
 MERGE = "application/merge-patch+json"
 

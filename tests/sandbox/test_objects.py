@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from tests.sandbox.helpers import PODS, SDG, Http, pod, sdg
 
 from deviceshare.sandbox import Sandbox
+from tests.sandbox.helpers import PODS, SDG, Http, pod, sdg
 
 
 async def test_every_object_and_list_carries_a_growing_resource_version(http: Http) -> None:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from tests.sandbox.helpers import PODS, Http, pod
 
 from deviceshare.sandbox import Sandbox, errors, selectors
+from tests.sandbox.helpers import PODS, Http, pod
 
 LABELS = {"app": "web", "tier": "gpu", "env": "prod"}
 

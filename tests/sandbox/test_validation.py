@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from tests.sandbox.helpers import SDG, Http, sdg
 
 from deviceshare.sandbox import Sandbox
+from tests.sandbox.helpers import SDG, Http, sdg
 
 MERGE = "application/merge-patch+json"
 

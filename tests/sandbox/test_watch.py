@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from tests.sandbox.helpers import PODS, SDG, Http, pod, sdg
-
 from deviceshare.sandbox import Sandbox
+from tests.sandbox.helpers import PODS, SDG, Http, pod, sdg
 
 MERGE = "application/merge-patch+json"
 

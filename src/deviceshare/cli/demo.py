@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import contextlib
 import copy
+import logging
 import sys
 import tempfile
 import time
@@ -25,7 +26,6 @@ from typing import Any
 import yaml
 
 from deviceshare.api import names
-from deviceshare.cli import inspect as inspect_cmd
 from deviceshare.kube import applying, connecting
 from deviceshare.operator.command import OperatorThread
 from deviceshare.operator.config import OperatorConfig
@@ -50,6 +50,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("kopf").setLevel(logging.ERROR)  # e.g. "OS signals are ignored" in a thread
     try:
         return asyncio.run(demo(args))
     except KeyboardInterrupt:
@@ -89,7 +91,7 @@ async def demo(args: argparse.Namespace) -> int:
 
         tls_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="deviceshare-demo-")))
         bundle = certs.generate(["127.0.0.1", "localhost"])
-        ca, cert, key = bundle.write(tls_dir)
+        _, cert, key = bundle.write(tls_dir)
         webhook = await server.start_webhook(
             tls_cert=str(cert), tls_key=str(key), kubeconfig=str(sandbox.kubeconfig), host="127.0.0.1"
         )
@@ -123,8 +125,6 @@ async def demo(args: argparse.Namespace) -> int:
         _print_groups(sandbox, out)
         print(file=out)
         _print_pods(sandbox, pods, out)
-        print(file=out)
-        print(inspect_cmd.render_table(await inspect_cmd.collect(api)), file=out)
         print(f"\n{len(bound)}/{len(pods)} pods bound in {time.perf_counter() - started:.1f}s", file=out)
         if args.keep_running:
             print(f"\ncluster kept running: export KUBECONFIG={sandbox.kubeconfig}; Ctrl-C to stop", file=out)
@@ -133,13 +133,21 @@ async def demo(args: argparse.Namespace) -> int:
         return 0 if len(bound) == len(pods) else 1
 
 
-async def _wait_bound(sandbox: Sandbox, pods: Sequence[tuple[str, str]], timeout: float) -> list[tuple[str, str]]:
-    deadline = time.monotonic() + timeout
+async def _wait_bound(
+    sandbox: Sandbox, pods: Sequence[tuple[str, str]], seconds: float
+) -> list[tuple[str, str]]:
+    deadline = time.monotonic() + seconds
     while True:
-        bound = [(ns, n) for ns, n in pods if ((sandbox.get("pods", n, ns) or {}).get("spec") or {}).get("nodeName")]
+        bound = [(ns, n) for ns, n in pods if _running(sandbox.get("pods", n, ns))]
         if len(bound) == len(pods) or time.monotonic() > deadline:
             return bound
         await asyncio.sleep(0.05)
+
+
+def _running(pod: dict[str, Any] | None) -> bool:
+    """Bound, and started by the (simulated) kubelet, so the env values are what containers see."""
+    pod = pod or {}
+    return bool((pod.get("spec") or {}).get("nodeName")) and (pod.get("status") or {}).get("phase") == "Running"
 
 
 def _print_groups(sandbox: Sandbox, out: Any) -> None:

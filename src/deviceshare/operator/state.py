@@ -168,9 +168,9 @@ class ClusterState:
         self._assumed: dict[PodKey, tuple[str, str]] = {}  # key -> (uid, node)
 
     def assume(self, pod: PodRecord, node: str) -> PodRecord:
-        self._assumed[pod.key] = (pod.uid, node)
         bound = dataclasses.replace(pod, node_name=node)
         self.upsert_pod(bound)
+        self._assumed[pod.key] = (pod.uid, node)  # after the upsert, which clears assumptions it confirms
         return bound
 
     def upsert_group(self, group: GroupRecord) -> bool:

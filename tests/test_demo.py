@@ -1,0 +1,29 @@
+"""`deviceshare demo`, the README's first command, runs the whole system and every example pod binds."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+
+import pytest
+
+from deviceshare.cli import demo
+
+
+async def test_demo_binds_every_example_pod_with_wired_devices(
+    tmp_path: Path, repo_root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = argparse.Namespace(
+        nodes=4, gpus=8, examples=repo_root / "examples", kubeconfig=tmp_path / "kubeconfig",
+        timeout=30.0, keep_running=False,
+    )
+    assert await demo.demo(args) == 0
+    out = capsys.readouterr().out
+    total = re.search(r"(\d+)/(\d+) pods bound", out)
+    assert total and total.group(1) == total.group(2) and int(total.group(1)) >= 5
+    pod_rows = [line for line in out.splitlines() if " Running " in line]
+    assert pod_rows and all("NVIDIA_VISIBLE_DEVICES=" in line for line in pod_rows)
+    # The trainer and its evaluator see the same two GPUs.
+    trainer = {line.split()[-1] for line in pod_rows if line.split()[2] == "trainer"}
+    assert len(trainer) == 1 and len(trainer.pop().split("=")[1].split(",")) == 2
