@@ -133,3 +133,30 @@ async def test_metrics_are_served(cluster: Any, kube: Kube) -> None:
 def _metrics_port(running: Any) -> int | None:
     server = getattr(running.memo, "metrics_server", None)
     return server.port if server is not None else None
+
+
+async def test_a_pod_deleted_mid_placement_leaves_nothing_allocated(cluster: Any, kube: Kube) -> None:
+    running = await start_operator(operator_config(cluster))
+    try:
+        # Hold the first member's annotation write long enough to delete the pod under it: by then the
+        # group's status already records the allocation (it is written first).
+        cluster.inject_fault("PATCH", r"/namespaces/mid/pods/first$", delay=1.0)
+        await kube.create_group("mid", "g", {GPU: 8})
+        await kube.create_pod("mid", "first", "g")
+        await kube.wait_group("mid", "g", lambda g: (g.get("status") or {}).get("phase") == "Bound", "placed")
+        await kube.delete_pod("mid", "first")
+
+        group = await kube.wait_group(
+            "mid", "g", lambda g: (g.get("status") or {}).get("phase") == "Pending", "rolled back to Pending"
+        )
+        assert "allocatedDevices" not in group["status"] and "nodeName" not in group["status"]
+        assert conditions(group)["Scheduled"]["reason"] == "RolledBack"
+
+        # Nothing leaked: four 8-GPU groups still fill all four nodes.
+        for i in range(4):
+            await kube.create_group("mid", f"full{i}", {GPU: 8})
+            await kube.create_pod("mid", f"full{i}", f"full{i}")
+        nodes = {(await kube.wait_bound("mid", f"full{i}"))["spec"]["nodeName"] for i in range(4)}
+        assert len(nodes) == 4
+    finally:
+        await running.stop()

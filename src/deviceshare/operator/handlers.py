@@ -64,6 +64,8 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
         settings.peering.priority = config.priority
         settings.peering.lifetime = config.peering_lifetime
         settings.peering.stealth = True
+        # Peered replicas must not silently fall back to standalone when the peering object is missing.
+        settings.peering.mandatory = config.peering_name is not None
         api = storage.ClusterApi(await connecting.api_client(config.kubeconfig))
         ctx = Context(config=config, api=api)
         runtime = Runtime(ctx)
