@@ -12,6 +12,7 @@ from the ledger (the authority on devices) and the pods (the authority on who ru
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from deviceshare.api import names
@@ -24,8 +25,9 @@ logger = logging.getLogger("deviceshare.operator.reconciler")
 
 
 class GroupReconciler:
-    def __init__(self, ctx: Context) -> None:
+    def __init__(self, ctx: Context, request_reconcile: Callable[[state_.GroupKey], None]) -> None:
         self.ctx = ctx
+        self._request = request_reconcile  # for groups whose status this one's change affects
 
     async def reconcile(self, gkey: state_.GroupKey) -> bool:
         """Bring one group up to date. Returns True if devices were released (parked pods may now fit)."""
@@ -42,7 +44,7 @@ class GroupReconciler:
             # Gone from the API (its finalizer removed by someone else): still never free devices under a pod.
             if allocation is not None and not on_devices:
                 ctx.ledger.release(gkey)
-                ctx.conflicts.pop(gkey, None)
+                self._forget_conflicts(gkey)
                 return True
             return False
 
@@ -132,12 +134,14 @@ class GroupReconciler:
         return record
 
     def _forget_conflicts(self, gkey: state_.GroupKey) -> None:
+        """A released group no longer contests anything: its former rivals' conditions clear."""
         for other in self.ctx.conflicts.pop(gkey, set()):
             peers = self.ctx.conflicts.get(other)
             if peers is not None:
                 peers.discard(gkey)
                 if not peers:
                     del self.ctx.conflicts[other]
+            self._request(other)
 
     async def _write_status(
         self, group: state_.GroupRecord, *, phase: str | None = None, node_lost: str | None = None

@@ -34,7 +34,7 @@ class Runtime:
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
         self.scheduler = PodScheduler(ctx)
-        self.reconciler = GroupReconciler(ctx)
+        self.reconciler = GroupReconciler(ctx, self._request_reconcile)
         self.queue: SchedulingQueue[state_.PodKey] = SchedulingQueue(
             backoff_initial=ctx.config.backoff_initial, backoff_max=ctx.config.backoff_max
         )

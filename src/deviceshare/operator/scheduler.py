@@ -82,6 +82,9 @@ class PodScheduler:
             except storage.Conflict as e:
                 self.ctx.metrics.api_conflicts.inc()
                 return Outcome(Result.RETRY, str(e), retry_after=0.2)
+            except storage.Invalid as e:
+                # Retrying the same write cannot help: say why on the pod and wait for a change.
+                return Outcome(Result.UNSCHEDULABLE, f"the API server refused the placement: {e}")
         if outcome.result is Result.BOUND:
             self.ctx.metrics.placement_seconds.observe(time.perf_counter() - started)
         return outcome
