@@ -52,10 +52,12 @@ class GroupReconciler:
             if on_devices:
                 await self._write_status(group, phase=names.PHASE_RELEASING)
                 return False
-            released = ctx.ledger.release(gkey) is not None
-            self._forget_conflicts(gkey)
+            # The API stops showing the claim once our finalizer is gone; only then may the ledger
+            # give the devices to someone else (status/API first, ledger second, as everywhere).
             if names.GROUP_FINALIZER in group.finalizers:
                 await self._set_finalizers(group, [f for f in group.finalizers if f != names.GROUP_FINALIZER])
+            released = ctx.ledger.release(gkey) is not None
+            self._forget_conflicts(gkey)
             if released:
                 ctx.event(group, "Released", "devices returned; no member pod runs on them any more")
             ctx.unschedulable.pop(gkey, None)
