@@ -68,6 +68,12 @@ def parse_path(path: str) -> Target | None:
     return Target(group, version, padded[0], namespace, padded[1], padded[2])
 
 
+def _flag(value: str | None) -> bool:
+    """A boolean query parameter as the API server parses it (Go's strconv.ParseBool): kubernetes
+    clients send ``true``, kubernetes_asyncio sends Python's ``True``."""
+    return value in ("1", "t", "T", "true", "TRUE", "True")
+
+
 def _json(body: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> aiohttp.web.Response:
     return aiohttp.web.Response(
         body=json.dumps(body).encode(), status=status, headers=headers, content_type="application/json"
@@ -167,7 +173,7 @@ class ApiServer(kmock.KubernetesScaffold):
             raise errors.bad_request("dryRun is not supported by the deviceshare sandbox")
         ns = target.namespace if rtype.namespaced else None
         if method == "GET":
-            if params.get("watch") in ("true", "1"):
+            if _flag(params.get("watch")):
                 return await self._watch(request, rtype, ns, target.name)
             if target.name is None:
                 return self._list(request, rtype, ns)
@@ -289,9 +295,9 @@ class ApiServer(kmock.KubernetesScaffold):
         params = request.params
         labels = selectors.parse_labels(params.get("labelSelector"))
         fields = selectors.parse_fields(params.get("fieldSelector"), rtype.selectable)
-        bookmarks = params.get("allowWatchBookmarks") in ("true", "1")
+        bookmarks = _flag(params.get("allowWatchBookmarks"))
         rv = params.get("resourceVersion") or ""
-        initial = params.get("sendInitialEvents") == "true" or rv in ("", "0")
+        initial = _flag(params.get("sendInitialEvents")) or rv in ("", "0")
         lifetime = float(params["timeoutSeconds"]) if params.get("timeoutSeconds") else None
         if not initial and not rv.isdigit():
             raise errors.bad_request(f"invalid resource version: {rv!r}")
@@ -326,7 +332,7 @@ class ApiServer(kmock.KubernetesScaffold):
                     for obj in items
                     if visible(obj)
                 ]
-                if bookmarks and params.get("sendInitialEvents") == "true":
+                if bookmarks and _flag(params.get("sendInitialEvents")):
                     lines.append(self._bookmark(rtype, list_rv, initial_end=True))
                 if lines:
                     await response.write(b"".join(lines))
