@@ -153,7 +153,13 @@ async def test_applying_again_sends_only_what_the_file_changed(stack: Stack, tmp
     api = stack.applier._api
     path = EXAMPLES / "spread-group.yaml"
     first = await applying.apply_file(api, path)
-    pod = await stack.kube.wait_bound("research", "notebook-alice")  # mutated by the webhook and operator since
+    await stack.kube.wait_bound("research", "notebook-alice")  # mutated by the webhook and operator since
+
+    async def running() -> dict[str, Any] | None:  # the kubelet's status writes are done by then
+        pod = await stack.kube.pod("research", "notebook-alice")
+        return pod if pod and (pod.get("status") or {}).get("phase") == "Running" else None
+
+    pod = await stack.kube.wait_for(running, "notebook-alice to run")
 
     # Unchanged file: nothing is written (a pod's spec could not be patched back anyway).
     again = await applying.apply_file(api, path)
@@ -174,8 +180,13 @@ async def test_applying_again_sends_only_what_the_file_changed(stack: Stack, tmp
     assert unlabelled["status"]["phase"] == names.PHASE_BOUND  # the operator's status is not touched
 
 
-async def test_unknown_kinds_and_refusals_name_the_object(stack: Stack) -> None:
-    api = stack.applier._api
+async def test_unknown_kinds_and_refusals_name_the_object(tmp_path: Path) -> None:
+    async with Sandbox(nodes=1, kubelet_delay=None, kubeconfig_path=tmp_path / "kubeconfig") as cluster, \
+            await connecting.api_client(str(cluster.kubeconfig)) as api:
+        await _refusals(api)
+
+
+async def _refusals(api: Any) -> None:
     with pytest.raises(applying.ApplyError, match="serves no Widget"):
         await applying.apply(api, {"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w"}})
     bad_group = {"apiVersion": names.API_VERSION, "kind": names.KIND,
