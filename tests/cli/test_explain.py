@@ -75,6 +75,7 @@ async def test_unschedulable_pod_gets_the_scheduler_message_and_free_devices_per
     assert f"needs 16 {GPU}" in hint
     free = dict(re.findall(r"(gpu-node-\d) (\d+)/8", hint))
     assert free == {f"gpu-node-{i}": str(5 if f"gpu-node-{i}" == small_node else 8) for i in range(4)}
+    assert "No shared node has 16 nvidia.com/gpu at all (the largest has 8)" in out
 
 
 async def test_pod_whose_group_is_missing_lists_the_groups_in_its_namespace(

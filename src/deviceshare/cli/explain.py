@@ -106,6 +106,10 @@ def _hints(facts: Facts, message: str) -> list[str]:
             else:
                 hints.append(f"The group needs {need if need is not None else '?'} {resource} on ONE node; "
                              f"free {resource} per shared node: {free or 'no shared node has any'}.")
+                largest = max((n.total(resource) for n in devices if n.exists and n.shared), default=0)
+                if isinstance(need, int) and need > largest:
+                    hints.append(f"No shared node has {need} {resource} at all (the largest has {largest}): "
+                                 f"lower spec.resources or add a bigger node; waiting will not help.")
         elif reason == reasons.GROUP_SELECTOR:
             selector = spec.get("nodeSelector") or {}
             matching = [i.name for i in infos if _matches(i.labels, selector)]
