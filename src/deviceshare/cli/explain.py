@@ -17,6 +17,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
+import yaml
 from kubernetes_asyncio import client as k8s
 
 from deviceshare.api import names
@@ -230,8 +231,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _default_namespace(kubeconfig: str | None, context: str | None) -> str:
-    import yaml
-
+    """The namespace of the kubeconfig's current (or given) context, as kubectl picks it."""
     for path in connecting.kubeconfig_paths(kubeconfig):
         with open(path) as f:
             cfg = yaml.safe_load(f) or {}
