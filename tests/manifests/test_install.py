@@ -99,7 +99,13 @@ def test_operator_runs_the_operator_command_with_its_environment(
 ) -> None:
     container = _container(_deployment(base_objects, "operator"))
     assert container["image"] == IMAGE
-    assert [*container["command"], *container.get("args", [])] == ["deviceshare", "operator"]
+    assert [*container["command"], *container.get("args", [])] == [
+        "deviceshare", "operator", "--peering", "deviceshare", "--env-config", "/config/env-names.yaml"]
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in _deployment(base_objects, "operator")["spec"]["template"]["spec"]["volumes"]}
+    assert mounts["env-names"] == "/config"
+    assert volumes["env-names"]["configMap"]["name"] == "deviceshare-env-names"
+    kube_objects.one(base_objects, "ConfigMap", "deviceshare-env-names")
     env = _env(container)
     assert env[names.ENV_NAMESPACE] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
     assert env[names.ENV_SCHEDULER_NAME] == names.DEFAULT_SCHEDULER_NAME
@@ -226,10 +232,12 @@ def test_system_namespaces_are_never_sent_to_the_webhook(
 
 
 def test_the_operator_peering_object_exists_for_kopf(base_objects: list[kube_objects.KubeObject]) -> None:
-    crd = kube_objects.one(base_objects, "CustomResourceDefinition", "kopfpeerings.kopf.dev")
-    assert crd["spec"]["scope"] == "Namespaced"
-    peering = kube_objects.one(base_objects, "KopfPeering", "deviceshare")
-    assert peering["metadata"]["namespace"] == NS
+    # A cluster-wide Kopf operator peers through the cluster-scoped ClusterKopfPeering.
+    crd = kube_objects.one(base_objects, "CustomResourceDefinition", "clusterkopfpeerings.kopf.dev")
+    assert crd["spec"]["scope"] == "Cluster"
+    peering = kube_objects.one(base_objects, "ClusterKopfPeering", "deviceshare")
+    assert "namespace" not in peering["metadata"]
+    assert not kube_objects.select(base_objects, "KopfPeering")
 
 
 def test_the_shareddevicegroup_crd_is_installed(base_objects: list[kube_objects.KubeObject]) -> None:

@@ -1,40 +1,38 @@
-"""The install grants exactly the access the operator and webhook need (least privilege).
+"""The install grants exactly the access the operator and webhook code uses (least privilege).
 
-The expected tables are the requirement (issue 6); the comparison with what the code calls is
-made elsewhere with :func:`tests.manifests.rbac_rules.grants`.
+What the code needs is derived from the code (:mod:`tests.manifests.code_access`), never listed by
+hand, so a new API call without its RBAC rule — or a rule no code uses any more — fails here.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from tests.manifests import kube_objects, rbac_rules
+from tests.manifests import code_access, kube_objects, rbac_rules
 
 NS = "deviceshare-system"
 ALL = rbac_rules.CLUSTER_WIDE
 OPERATOR = f"{NS}/deviceshare-operator"
 WEBHOOK = f"{NS}/deviceshare-webhook"
+ACCOUNTS = (OPERATOR, WEBHOOK)
 
-EXPECTED = {
-    OPERATOR: rbac_rules.expand({
-        (ALL, "deviceshare.io", "shareddevicegroups"): ["get", "list", "watch", "patch", "update"],
-        (ALL, "deviceshare.io", "shareddevicegroups/status"): ["get", "patch", "update"],
-        (ALL, "", "pods"): ["get", "list", "watch", "patch"],
-        (ALL, "", "pods/binding"): ["create"],
-        (ALL, "", "pods/status"): ["patch"],
-        (ALL, "", "nodes"): ["get", "list", "watch"],
-        (ALL, "", "events"): ["create", "patch"],
-        (ALL, "events.k8s.io", "events"): ["create", "patch"],
-        (ALL, "", "namespaces"): ["list", "watch"],
-        (ALL, "apiextensions.k8s.io", "customresourcedefinitions"): ["list", "watch"],
-        (NS, "kopf.dev", "kopfpeerings"): ["get", "list", "watch", "patch"],
-        (NS, "", "configmaps"): ["get", "list", "watch"],
-    }),
-    WEBHOOK: rbac_rules.expand({
-        (ALL, "deviceshare.io", "shareddevicegroups"): ["get", "list", "watch"],
-        (ALL, "", "pods"): ["list", "watch"],
-    }),
-}
+
+def _args(objects: list[kube_objects.KubeObject], component: str) -> list[str]:
+    deployment = next(d for d in kube_objects.select(objects, "Deployment")
+                      if d["metadata"]["name"] == f"deviceshare-{component}")
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    return [*container.get("command", []), *container.get("args", [])]
+
+
+@pytest.fixture(scope="module")
+def expected(base_objects: list[kube_objects.KubeObject]) -> dict[str, set[rbac_rules.Rule]]:
+    # Everything runs cluster-wide (the operator is a cluster-wide Kopf operator and scheduler),
+    # so every need is a cluster-wide rule.
+    peering = "--peering" in _args(base_objects, "operator")
+    return {
+        OPERATOR: {rbac_rules.Rule(ALL, *a) for a in code_access.operator_needs(peering=peering)},
+        WEBHOOK: {rbac_rules.Rule(ALL, *a) for a in code_access.webhook_needs()},
+    }
 
 
 @pytest.fixture(scope="module")
@@ -42,15 +40,17 @@ def grants(base_objects: list[kube_objects.KubeObject]) -> set[rbac_rules.Grant]
     return rbac_rules.grants(base_objects)
 
 
-@pytest.mark.parametrize("account", sorted(EXPECTED))
-def test_each_account_gets_exactly_the_expected_rules(grants: set[rbac_rules.Grant], account: str) -> None:
+@pytest.mark.parametrize("account", ACCOUNTS)
+def test_each_account_gets_exactly_what_its_code_uses(
+    grants: set[rbac_rules.Grant], expected: dict[str, set[rbac_rules.Rule]], account: str
+) -> None:
     actual = rbac_rules.rules_of(grants, account)
-    assert actual - EXPECTED[account] == set(), "granted but not needed"
-    assert EXPECTED[account] - actual == set(), "needed but not granted"
+    assert actual - expected[account] == set(), "granted but no code uses it"
+    assert expected[account] - actual == set(), "the code uses it but it is not granted"
 
 
 def test_only_the_two_accounts_are_granted_anything(grants: set[rbac_rules.Grant]) -> None:
-    assert {g.account for g in grants} == set(EXPECTED)
+    assert {g.account for g in grants} == set(ACCOUNTS)
 
 
 def test_no_wildcards_no_secrets_no_escalation(base_objects: list[kube_objects.KubeObject]) -> None:
@@ -67,7 +67,7 @@ def test_deployments_run_as_the_accounts_that_hold_the_grants(
 ) -> None:
     accounts = {f"{d['metadata']['namespace']}/{d['spec']['template']['spec']['serviceAccountName']}"
                 for d in kube_objects.select(base_objects, "Deployment")}
-    assert accounts == set(EXPECTED)
+    assert accounts == set(ACCOUNTS)
     declared = {f"{sa['metadata']['namespace']}/{sa['metadata']['name']}"
                 for sa in kube_objects.select(base_objects, "ServiceAccount")}
     assert accounts <= declared

@@ -80,7 +80,7 @@ def _validate_all(objects: list[kube_objects.KubeObject]) -> list[str]:
 
 def test_base_objects_are_valid(base_objects: list[kube_objects.KubeObject]) -> None:
     how = _validate_all(base_objects)
-    assert how.count("crd") == 1  # the KopfPeering; everything else is a core kind
+    assert how.count("crd") == 1  # the ClusterKopfPeering; everything else is a core kind
 
 
 def test_cert_manager_overlay_objects_are_valid(cert_manager_objects: list[kube_objects.KubeObject]) -> None:
@@ -122,7 +122,7 @@ def test_every_namespaced_object_lives_in_deviceshare_system(
     base_objects: list[kube_objects.KubeObject],
 ) -> None:
     cluster_scoped = {"Namespace", "CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding",
-                      "MutatingWebhookConfiguration"}
+                      "MutatingWebhookConfiguration", "ClusterKopfPeering"}
     for obj in base_objects:
         ns = obj["metadata"].get("namespace")
         if obj["kind"] in cluster_scoped:

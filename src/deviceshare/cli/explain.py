@@ -1,13 +1,265 @@
-"""`deviceshare explain`: not built yet (issue 6)."""
+"""`deviceshare explain POD`: why a pod is (not) running on shared devices, in plain words.
+
+It reads what the operator already recorded — the pod's ``PodScheduled`` condition (kube-scheduler
+wording, e.g. ``0/4 nodes are available: 4 insufficient nvidia.com/gpu.``), its latest
+``FailedScheduling`` event, the group's phase and conditions — and adds one hint per reason, computed
+from the same device map ``deviceshare inspect`` shows. It never guesses beyond what the API says.
+"""
+
+from __future__ import annotations
 
 import argparse
+import asyncio
+import dataclasses
+import json
+import re
 import sys
+from collections.abc import Mapping
+from typing import Any
+
+import yaml
+from kubernetes_asyncio import client as k8s
+
+from deviceshare.api import names
+from deviceshare.cli import inspect as inspect_
+from deviceshare.core import inventory, reasons
+from deviceshare.kube import connecting
+
+_COUNTED = re.compile(r"^\d+/\d+ nodes are available: (?P<reasons>.*?)\.?$")
+_REASON = re.compile(r"^(?P<count>\d+) (?P<reason>.+)$")
+
+
+@dataclasses.dataclass(frozen=True)
+class Facts:
+    """Everything explain looks at, read once."""
+
+    pod: dict[str, Any]
+    group: dict[str, Any] | None
+    events: list[dict[str, Any]]
+    snapshot: inspect_.Snapshot
+
+
+def split_reasons(message: str) -> dict[str, int]:
+    """``0/4 nodes are available: 3 insufficient nvidia.com/gpu, 1 not in shared mode.`` -> counts."""
+    match = _COUNTED.match(message.strip())
+    if not match:
+        return {}
+    out: dict[str, int] = {}
+    for part in match.group("reasons").split(", "):
+        counted = _REASON.match(part.strip())
+        if counted:
+            out[counted.group("reason")] = int(counted.group("count"))
+        elif part.strip():
+            out[part.strip()] = 0
+    return out
+
+
+def _condition(obj: Mapping[str, Any], type_: str) -> Mapping[str, Any] | None:
+    for c in (obj.get("status") or {}).get("conditions") or []:
+        if c.get("type") == type_:
+            return dict(c)
+    return None
+
+
+def _group_name(pod: Mapping[str, Any]) -> str | None:
+    meta = pod.get("metadata") or {}
+    return (meta.get("annotations") or {}).get(names.POD_GROUP_ANNOTATION) or (meta.get("labels") or {}).get(
+        names.POD_GROUP_LABEL
+    )
+
+
+def _event_time(event: Mapping[str, Any]) -> str:
+    return str(event.get("lastTimestamp") or event.get("eventTime") or event.get("firstTimestamp") or "")
+
+
+def _matches(labels: Mapping[str, str], selector: Mapping[str, str]) -> bool:
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+def _hints(facts: Facts, message: str) -> list[str]:
+    """One line per reason the operator gave, with what would change the answer."""
+    group = facts.group
+    spec = (group or {}).get("spec") or {}
+    ns = str(facts.pod["metadata"].get("namespace", ""))
+    name = _group_name(facts.pod) or ""
+    devices = inspect_.device_map(facts.snapshot.nodes, facts.snapshot.groups)
+    infos = [inventory.node_from_object(n) for n in facts.snapshot.nodes]
+    hints: list[str] = []
+    if "not found in namespace" in message or (name and group is None):
+        others = sorted(str(g["metadata"]["name"]) for g in facts.snapshot.groups
+                        if g["metadata"].get("namespace") == ns)
+        hints.append(f'Group "{name}" does not exist in namespace "{ns}". '
+                     + (f"Groups there: {', '.join(others)}." if others else "There are no groups in that namespace.")
+                     + " Create it, or fix the pod's deviceshare.io/device-group annotation.")
+    if "maxMembers" in message:
+        pod_name = facts.pod["metadata"].get("name")
+        others = [m for m in ((group or {}).get("status") or {}).get("members") or [] if m != pod_name]
+        hints.append(f"The group is full (maxMembers {spec.get('maxMembers')}; other members: "
+                     f"{', '.join(others) or 'none'}). Raise spec.maxMembers or delete a member.")
+    for reason, count in split_reasons(message).items():
+        if reason.startswith("insufficient "):
+            resource = reason.removeprefix("insufficient ")
+            need = (spec.get("resources") or {}).get(resource)
+            free = ", ".join(f"{n.name} {len(n.free(resource))}/{n.total(resource)}"
+                             for n in devices if n.exists and n.shared and resource in n.resources)
+            if resource in ("cpu", "memory"):
+                hints.append(f"{count} node(s) lack the {resource} the pod requests; lower its requests.")
+            else:
+                hints.append(f"The group needs {need if need is not None else '?'} {resource} on ONE node; "
+                             f"free {resource} per shared node: {free or 'no shared node has any'}.")
+                largest = max((n.total(resource) for n in devices if n.exists and n.shared), default=0)
+                if isinstance(need, int) and need > largest:
+                    hints.append(f"No shared node has {need} {resource} at all (the largest has {largest}): "
+                                 f"lower spec.resources or add a bigger node; waiting will not help.")
+        elif reason == reasons.GROUP_SELECTOR:
+            selector = spec.get("nodeSelector") or {}
+            matching = [i.name for i in infos if _matches(i.labels, selector)]
+            shared = [i.name for i in infos if i.shared and _matches(i.labels, selector)]
+            wanted = ", ".join(f"{k}={v}" for k, v in sorted(selector.items()))
+            hints.append(f"The group's nodeSelector wants {wanted}; nodes with those labels: "
+                         f"{', '.join(matching) or 'none'} (in shared mode: {', '.join(shared) or 'none'}). "
+                         f"Label a shared node, e.g. kubectl label node NODE {wanted.replace(', ', ' ')}.")
+        elif reason == reasons.NOT_SHARED:
+            hints.append(f"{count} node(s) are not in shared mode; "
+                         f"kubectl label node NODE {names.NODE_MODE_LABEL}={names.NODE_MODE_SHARED}.")
+        elif reason == reasons.NODE_AFFINITY:
+            hints.append(f"{count} node(s) don't match the pod's own nodeSelector/affinity "
+                         f"({json.dumps((facts.pod.get('spec') or {}).get('nodeSelector') or {})}).")
+        elif reason.startswith("node(s) had untolerated taint"):
+            hints.append(f"{count} node(s) carry a taint the pod does not tolerate; add a toleration to the pod.")
+        elif reason in (reasons.NOT_READY, reasons.UNSCHEDULABLE):
+            hints.append(f"{count} {reason}: check kubectl get nodes.")
+        elif reason == reasons.INVALID_INVENTORY:
+            bad = [f"{i.name}: {'; '.join(i.problems)}" for i in infos if i.problems]
+            hints.append(f"Fix the {names.NODE_DEVICES_ANNOTATION} annotation: {' | '.join(bad) or '?'}.")
+    if "is being deleted" in message:
+        hints.append("The group is being deleted; its pods will not be placed. Recreate the group after it is gone.")
+    if "also claimed by" in message:
+        hints.append("Two groups claim the same devices; `deviceshare inspect` shows them as CONFLICT.")
+    return hints
+
+
+def explain(facts: Facts) -> list[str]:
+    pod = facts.pod
+    meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+    ns, name = meta.get("namespace", ""), meta.get("name", "")
+    group_name = _group_name(pod)
+    lines: list[str] = []
+    node = spec.get("nodeName")
+    phase = (pod.get("status") or {}).get("phase", "Pending")
+    if node:
+        selected = (meta.get("annotations") or {}).get(names.POD_SELECTED_DEVICES_ANNOTATION)
+        lines.append(f"Pod {ns}/{name} is bound to node {node} (phase {phase})"
+                     + (f", devices {selected}." if selected else "."))
+    else:
+        lines.append(f"Pod {ns}/{name} is NOT bound to a node (phase {phase}).")
+    if not group_name:
+        lines.append(f"It does not join a SharedDeviceGroup (no {names.POD_GROUP_ANNOTATION} annotation); "
+                     "deviceshare does not schedule it.")
+        return lines
+    if spec.get("schedulerName") != names.DEFAULT_SCHEDULER_NAME and not node:
+        lines.append(f"Its schedulerName is {spec.get('schedulerName')!r}, not {names.DEFAULT_SCHEDULER_NAME!r}: "
+                     "was it created before the webhook was installed?")
+    scheduled = _condition(pod, "PodScheduled")
+    message = ""
+    if scheduled is not None and scheduled.get("status") != "True":
+        message = str(scheduled.get("message") or "")
+        lines.append(f"Scheduler says ({scheduled.get('reason', '')}): {message}")
+    failed = [e for e in facts.events if e.get("reason") == "FailedScheduling"]
+    if failed and not node:
+        latest = max(failed, key=_event_time)
+        lines.append(f"Latest FailedScheduling event ({_event_time(latest)}, x{latest.get('count', 1)}): "
+                     f"{latest.get('message', '')}")
+        message = message or str(latest.get("message") or "")
+    group = facts.group
+    if group is None:
+        lines.append(f"Group {ns}/{group_name}: not found.")
+    else:
+        status = group.get("status") or {}
+        where = (f"on node {status['nodeName']}, devices "
+                 + "; ".join(f"{r}={','.join(ids)}" for r, ids in (status.get("allocatedDevices") or {}).items())
+                 if status.get("nodeName") else "not placed yet")
+        limit = (group.get("spec") or {}).get("maxMembers") or 0
+        members = status.get("members") or []
+        lines.append(f"Group {ns}/{group_name}: phase {status.get('phase', names.PHASE_PENDING)}, {where}; "
+                     f"members {len(members)}{f'/{limit}' if limit else ''}"
+                     + (f" ({', '.join(members)})" if members else "") + ".")
+        for c in status.get("conditions") or []:
+            lines.append(f"  condition {c.get('type')}={c.get('status')} ({c.get('reason', '')}): "
+                         f"{c.get('message', '')}")
+    if not node:
+        hints = _hints(facts, message)
+        if hints:
+            lines.append("What would help:")
+            lines += [f"  - {h}" for h in hints]
+        elif not message:
+            lines.append("The operator has recorded no reason yet: is it running? (kubectl -n deviceshare-system "
+                         "get pods)")
+    return lines
+
+
+# -- reading -----------------------------------------------------------------------------------
+
+
+async def read_facts(api: k8s.ApiClient, namespace: str, pod_name: str) -> Facts:
+    pod = await inspect_.get_json(api, f"/api/v1/namespaces/{namespace}/pods/{pod_name}")
+    group_name = _group_name(pod)
+    group = None
+    if group_name:
+        try:
+            group = await inspect_.get_json(
+                api, f"/apis/{names.API_VERSION}/namespaces/{namespace}/{names.PLURAL}/{group_name}"
+            )
+        except k8s.ApiException as e:
+            if e.status != 404:
+                raise
+    events = await inspect_.get_json(
+        api, f"/api/v1/namespaces/{namespace}/events?fieldSelector=involvedObject.name%3D{pod_name}"
+    )
+    snapshot = await inspect_.read_snapshot(api, pods=False)
+    uid = (pod.get("metadata") or {}).get("uid")
+    mine = [e for e in events.get("items") or []
+            if not uid or (e.get("involvedObject") or {}).get("uid") in (None, uid)]
+    return Facts(pod, group, mine, snapshot)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    pass
+    parser.add_argument("pod", metavar="POD", help="the pod's name")
+    parser.add_argument("-n", "--namespace", help="the pod's namespace (default: the kubeconfig context's)")
+    parser.add_argument("--kubeconfig", help="kubeconfig file (default: KUBECONFIG, ~/.kube/config, in-cluster)")
+    parser.add_argument("--context", help="kubeconfig context to use")
+
+
+def _default_namespace(kubeconfig: str | None, context: str | None) -> str:
+    """The namespace of the kubeconfig's current (or given) context, as kubectl picks it."""
+    for path in connecting.kubeconfig_paths(kubeconfig):
+        with open(path) as f:
+            cfg = yaml.safe_load(f) or {}
+        current = context or cfg.get("current-context")
+        for ctx in cfg.get("contexts") or []:
+            if ctx.get("name") == current:
+                return str((ctx.get("context") or {}).get("namespace") or "default")
+    return "default"
+
+
+async def run_async(kubeconfig: str | None, namespace: str, pod: str, *, context: str | None = None) -> list[str]:
+    async with await connecting.api_client(kubeconfig, context=context) as api:
+        return explain(await read_facts(api, namespace, pod))
 
 
 def run(args: argparse.Namespace) -> int:
-    print("deviceshare explain: not available yet (issue 6)", file=sys.stderr)
-    return 2
+    try:
+        namespace = args.namespace or _default_namespace(args.kubeconfig, args.context)
+        lines = asyncio.run(run_async(args.kubeconfig, namespace, args.pod, context=args.context))
+    except k8s.ApiException as e:
+        if e.status == 404:
+            print(f"deviceshare explain: pod {args.pod} not found in namespace {namespace}", file=sys.stderr)
+        else:
+            print(f"deviceshare explain: {e.status} {e.reason}", file=sys.stderr)
+        return 1
+    except (connecting.ClusterNotFound, OSError) as e:
+        print(f"deviceshare explain: {e}", file=sys.stderr)
+        return 1
+    print("\n".join(lines))
+    return 0
+

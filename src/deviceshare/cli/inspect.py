@@ -1,13 +1,270 @@
-"""`deviceshare inspect`: not built yet (issue 6)."""
+"""`deviceshare inspect`: which group holds which device on which node (like ``kubectl inspect gpushare``).
+
+The operator keeps its ledger in memory, so the truth a user can see lives in the API: each group's
+``status.nodeName`` / ``status.allocatedDevices`` / ``status.members``, and each node's inventory as
+:func:`deviceshare.core.inventory.node_from_object` reads it (the same parser the operator uses, so
+device IDs match). :func:`device_map` rebuilds the per-device holdings from those; ``explain`` reuses
+it for its "free devices per node" hint. Two groups claiming one device are shown as CONFLICT.
+"""
+
+from __future__ import annotations
 
 import argparse
+import asyncio
+import dataclasses
+import json
 import sys
+from collections.abc import Mapping, Sequence
+from typing import Any, TextIO
+
+from kubernetes_asyncio import client as k8s
+
+from deviceshare.api import names
+from deviceshare.core import inventory
+from deviceshare.kube import connecting
+
+FREE = "-"
+CONFLICT = "CONFLICT"
+NOT_IN_INVENTORY = "NOT-IN-INVENTORY"
+
+
+@dataclasses.dataclass(frozen=True)
+class Holder:
+    """One group that names a device in its status."""
+
+    namespace: str
+    name: str
+    phase: str
+    members: tuple[str, ...]
+
+    @property
+    def ref(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Device:
+    id: str
+    holders: tuple[Holder, ...]
+    in_inventory: bool = True
+
+    @property
+    def conflict(self) -> bool:
+        return len(self.holders) > 1
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeDevices:
+    """One node's devices of every resource, in inventory order (unknown IDs groups claim last)."""
+
+    name: str
+    shared: bool
+    ready: bool
+    exists: bool
+    resources: Mapping[str, tuple[Device, ...]]
+    problems: tuple[str, ...] = ()
+
+    def total(self, resource: str) -> int:
+        return sum(1 for d in self.resources.get(resource, ()) if d.in_inventory)
+
+    def allocated(self, resource: str) -> int:
+        return sum(1 for d in self.resources.get(resource, ()) if d.in_inventory and d.holders)
+
+    def free(self, resource: str) -> list[str]:
+        return [d.id for d in self.resources.get(resource, ()) if d.in_inventory and not d.holders]
+
+
+@dataclasses.dataclass(frozen=True)
+class Snapshot:
+    """What inspect and explain read, once: raw nodes, groups and pods."""
+
+    nodes: list[dict[str, Any]]
+    groups: list[dict[str, Any]]
+    pods: list[dict[str, Any]]
+
+
+def _holder(group: Mapping[str, Any]) -> Holder:
+    meta, status = group.get("metadata") or {}, group.get("status") or {}
+    return Holder(
+        namespace=str(meta.get("namespace", "")),
+        name=str(meta.get("name", "")),
+        phase=str(status.get("phase") or names.PHASE_PENDING),
+        members=tuple(str(m) for m in status.get("members") or []),
+    )
+
+
+def device_map(nodes: Sequence[Mapping[str, Any]], groups: Sequence[Mapping[str, Any]]) -> list[NodeDevices]:
+    """Per node: every device and the groups whose status holds it.
+
+    Shown: nodes in shared mode, plus any node a group's status points at (even a missing one,
+    so a group stranded on a deleted node is visible). Sorted by node name.
+    """
+    claims: dict[str, dict[str, dict[str, list[Holder]]]] = {}  # node -> resource -> id -> holders
+    for group in sorted(groups, key=lambda g: (_holder(g).namespace, _holder(g).name)):
+        status = group.get("status") or {}
+        node = status.get("nodeName")
+        if not node:
+            continue
+        holder = _holder(group)
+        for resource, ids in (status.get("allocatedDevices") or {}).items():
+            for device_id in ids or []:
+                claims.setdefault(str(node), {}).setdefault(resource, {}).setdefault(str(device_id), []).append(holder)
+
+    infos = {info.name: info for info in (inventory.node_from_object(n) for n in nodes)}
+    out: list[NodeDevices] = []
+    for name in sorted({n for n, i in infos.items() if i.shared} | set(claims)):
+        info = infos.get(name)
+        offered = dict(info.devices) if info is not None else {}
+        claimed = claims.get(name, {})
+        resources: dict[str, tuple[Device, ...]] = {}
+        for resource in sorted(set(offered) | set(claimed)):
+            ids = offered.get(resource, ())
+            by_id = claimed.get(resource, {})
+            devices = [Device(i, tuple(by_id.get(i, ()))) for i in ids]
+            devices += [Device(i, tuple(h), in_inventory=False) for i, h in sorted(by_id.items()) if i not in ids]
+            resources[resource] = tuple(devices)
+        out.append(NodeDevices(
+            name=name,
+            shared=bool(info and info.shared),
+            ready=bool(info and info.ready),
+            exists=info is not None,
+            resources=resources,
+            problems=tuple(info.problems) if info is not None else ("node not found",),
+        ))
+    return out
+
+
+# -- reading -----------------------------------------------------------------------------------
+
+
+async def get_json(api: k8s.ApiClient, path: str) -> Any:
+    resp = await api.call_api(
+        path, "GET", header_params={"Accept": "application/json"}, auth_settings=["BearerToken"],
+        _preload_content=False, _return_http_data_only=True,
+    )
+    try:
+        body = await resp.read()
+    finally:
+        resp.release()
+    if resp.status >= 400:  # without preloading, kubernetes_asyncio does not raise by itself
+        raise k8s.ApiException(status=resp.status, reason=body.decode(errors="replace"))
+    return json.loads(body)
+
+
+async def read_snapshot(api: k8s.ApiClient, *, pods: bool = True) -> Snapshot:
+    node_list, group_list = await asyncio.gather(
+        get_json(api, "/api/v1/nodes"), get_json(api, f"/apis/{names.API_VERSION}/{names.PLURAL}")
+    )
+    pod_list = await get_json(api, "/api/v1/pods") if pods else {"items": []}
+    return Snapshot(list(node_list.get("items") or []), list(group_list.get("items") or []),
+                    list(pod_list.get("items") or []))
+
+
+# -- rendering ---------------------------------------------------------------------------------
+
+
+def to_json(nodes: Sequence[NodeDevices]) -> dict[str, Any]:
+    return {
+        "nodes": [
+            {
+                "name": n.name,
+                "shared": n.shared,
+                "ready": n.ready,
+                "exists": n.exists,
+                "problems": list(n.problems),
+                "resources": {
+                    resource: {
+                        "total": n.total(resource),
+                        "allocated": n.allocated(resource),
+                        "free": n.free(resource),
+                        "devices": [
+                            {
+                                "id": d.id,
+                                "inInventory": d.in_inventory,
+                                "conflict": d.conflict,
+                                "groups": [
+                                    {"namespace": h.namespace, "name": h.name, "phase": h.phase,
+                                     "members": list(h.members)}
+                                    for h in d.holders
+                                ],
+                            }
+                            for d in devices
+                        ],
+                    }
+                    for resource, devices in n.resources.items()
+                },
+            }
+            for n in nodes
+        ],
+        "conflicts": [
+            {"node": n.name, "resource": r, "device": d.id, "groups": [h.ref for h in d.holders]}
+            for n in nodes for r, devices in n.resources.items() for d in devices if d.conflict
+        ],
+    }
+
+
+def _table(rows: list[tuple[str, ...]], out: TextIO) -> None:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        out.write("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() + "\n")
+
+
+def render_table(nodes: Sequence[NodeDevices], out: TextIO) -> None:
+    if not nodes:
+        out.write("No shared-mode nodes (label nodes deviceshare.io/mode=shared) and no group holds devices.\n")
+        return
+    rows: list[tuple[str, ...]] = [("NODE", "RESOURCE", "DEVICE", "GROUP", "MEMBERS", "NOTE")]
+    for n in nodes:
+        for resource, devices in n.resources.items():
+            for d in devices:
+                notes = [CONFLICT] if d.conflict else []
+                if not d.in_inventory:
+                    notes.append(NOT_IN_INVENTORY)
+                group = ",".join(h.ref for h in d.holders) or FREE
+                members = ";".join(",".join(h.members) or "(none)" for h in d.holders) or FREE
+                rows.append((n.name, resource, d.id, group, members, " ".join(notes)))
+    _table(rows, out)
+    out.write("\n")
+    for n in nodes:
+        summary = ", ".join(f"{r} {n.allocated(r)}/{n.total(r)} allocated" for r in n.resources) or "no devices"
+        flags = [f for f, on in (("not ready", n.exists and not n.ready),
+                                 ("not in shared mode", n.exists and not n.shared),
+                                 ("node not found", not n.exists)) if on]
+        flags += [p for p in n.problems if p != "node not found"]
+        out.write(f"{n.name}: {summary}" + (f" ({'; '.join(flags)})" if flags else "") + "\n")
+
+
+# -- command -----------------------------------------------------------------------------------
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    pass
+    parser.add_argument("--kubeconfig", help="kubeconfig file (default: KUBECONFIG, ~/.kube/config, in-cluster)")
+    parser.add_argument("--context", help="kubeconfig context to use")
+    parser.add_argument("--node", action="append", metavar="NODE", help="only this node (repeatable)")
+    parser.add_argument("-o", "--output", choices=("table", "json"), default="table")
+
+
+async def inspect(
+    kubeconfig: str | None, *, context: str | None = None, only: Sequence[str] | None = None
+) -> list[NodeDevices]:
+    async with await connecting.api_client(kubeconfig, context=context) as api:
+        snap = await read_snapshot(api, pods=False)
+    nodes = device_map(snap.nodes, snap.groups)
+    return [n for n in nodes if not only or n.name in only]
 
 
 def run(args: argparse.Namespace) -> int:
-    print("deviceshare inspect: not available yet (issue 6)", file=sys.stderr)
-    return 2
+    try:
+        nodes = asyncio.run(inspect(args.kubeconfig, context=args.context, only=args.node))
+    except (connecting.ClusterNotFound, k8s.ApiException, OSError) as e:
+        print(f"deviceshare inspect: {e}", file=sys.stderr)
+        return 1
+    if args.node and not nodes:
+        print(f"deviceshare inspect: no such shared node: {', '.join(args.node)}", file=sys.stderr)
+        return 1
+    if args.output == "json":
+        json.dump(to_json(nodes), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        render_table(nodes, sys.stdout)
+    return 0

@@ -1,13 +1,17 @@
-"""Create-or-update arbitrary manifests through the API, the way ``kubectl apply`` finds where they go.
+"""Apply YAML objects through the API the way client-side ``kubectl apply`` does.
 
-The resource path of a kind is looked up in API discovery (``/api/v1``, ``/apis/GROUP/VERSION``) once
-per group-version, so CRD-defined kinds work as soon as they are served. An object that exists is
-merge-patched with the manifest (not a three-way apply: enough for the demo and tests).
+Used by the demo and the end-to-end tests to put ``examples/*.yaml`` on a cluster: the resource
+(plural, namespaced or not) of each ``apiVersion``/``kind`` comes from the API's discovery
+endpoints, so CRDs work as soon as the API serves them. A new object is created with kubectl's
+``last-applied-configuration`` annotation; an existing one (409) gets the JSON merge patch from
+that annotation to the file, so only what the file changed since the last apply is sent: fields
+others set (the webhook's env, the operator's annotations) are kept, a field removed from the file
+is removed, and re-applying an unchanged file is a no-op.
 """
 
 from __future__ import annotations
 
-import asyncio
+import dataclasses
 import json
 from collections.abc import Mapping
 from pathlib import Path
@@ -16,71 +20,176 @@ from typing import Any
 import yaml
 from kubernetes_asyncio import client
 
-_MERGE_PATCH = "application/merge-patch+json"
+MERGE_PATCH = "application/merge-patch+json"
+LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"  # kubectl's, so both tools agree
 
 
-class ApplyError(RuntimeError):
-    """The API refused a manifest; the message names the object and the API's reason."""
+class ApplyError(Exception):
+    """The API refused an object (the message names it and carries the API's reason)."""
+
+    def __init__(self, message: str, status: int = 0) -> None:
+        super().__init__(message)
+        self.status = status
 
 
-async def _call(api: client.ApiClient, method: str, path: str, body: Any = None,
-                content_type: str = "application/json") -> tuple[int, Any]:
-    try:
-        resp = await api.call_api(
-            path, method, header_params={"Content-Type": content_type, "Accept": "application/json"},
-            body=body, auth_settings=["BearerToken"], _preload_content=False, _return_http_data_only=True,
+@dataclasses.dataclass(frozen=True)
+class Resource:
+    api_version: str
+    kind: str
+    plural: str
+    namespaced: bool
+
+    def collection_path(self, namespace: str | None) -> str:
+        base = f"/api/{self.api_version}" if "/" not in self.api_version else f"/apis/{self.api_version}"
+        return f"{base}/namespaces/{namespace}/{self.plural}" if self.namespaced else f"{base}/{self.plural}"
+
+
+class Applier:
+    """Applies objects over one ApiClient, remembering what discovery said per apiVersion."""
+
+    def __init__(self, api_client: client.ApiClient, *, default_namespace: str = "default") -> None:
+        self._api = api_client
+        self._discovered: dict[str, dict[str, Resource]] = {}  # apiVersion -> kind -> Resource
+        self.default_namespace = default_namespace
+
+    async def _request(self, method: str, path: str, body: Any = None, content_type: str = "application/json") -> Any:
+        resp = await self._api.call_api(
+            path, method,
+            header_params={"Content-Type": content_type, "Accept": "application/json"},
+            body=body, auth_settings=["BearerToken"],
+            _preload_content=False, _return_http_data_only=True,
         )
-    except client.ApiException as e:
-        return int(e.status), e.body
-    try:
-        data = await resp.read()
-    finally:
-        resp.release()
-    return int(resp.status), json.loads(data) if data else None
+        try:
+            data = await resp.read()
+        finally:
+            resp.release()
+        if resp.status >= 400:  # without preloading, kubernetes_asyncio does not raise by itself
+            try:
+                message = json.loads(data).get("message", data.decode(errors="replace"))
+            except (ValueError, AttributeError):
+                message = data.decode(errors="replace")
+            raise ApplyError(str(message), status=resp.status)
+        return json.loads(data) if data else {}
+
+    async def resource(self, api_version: str, kind: str) -> Resource:
+        """The resource serving ``kind``; a fresh discovery is tried before giving up (new CRDs)."""
+        for attempt in range(2):
+            kinds = self._discovered.get(api_version)
+            if kinds is None or attempt:
+                path = f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
+                try:
+                    listing = await self._request("GET", path)
+                except ApplyError as e:
+                    if e.status != 404:
+                        raise
+                    listing = {"resources": []}
+                kinds = {
+                    r["kind"]: Resource(api_version, r["kind"], r["name"], bool(r.get("namespaced")))
+                    for r in listing.get("resources") or []
+                    if "/" not in r["name"]  # subresources are listed as plural/sub
+                }
+                self._discovered[api_version] = kinds
+            if kind in kinds:
+                return kinds[kind]
+        raise ApplyError(f"the API serves no {kind} in {api_version} (is its CRD installed?)", status=404)
+
+    async def apply(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+        api_version, kind = obj.get("apiVersion"), obj.get("kind")
+        meta = obj.get("metadata") or {}
+        name = meta.get("name")
+        if not api_version or not kind or not name:
+            raise ApplyError("an object needs apiVersion, kind and metadata.name")
+        resource = await self.resource(str(api_version), str(kind))
+        namespace = (meta.get("namespace") or self.default_namespace) if resource.namespaced else None
+        body = {k: v for k, v in obj.items() if k != "status"}
+        body["metadata"] = {**meta, **({"namespace": namespace} if namespace else {})}
+        body["metadata"].pop("resourceVersion", None)
+        applied = json.dumps(_without_last_applied(body), sort_keys=True, separators=(",", ":"))
+        body["metadata"]["annotations"] = {**(meta.get("annotations") or {}), LAST_APPLIED: applied}
+        what = f"{kind} {namespace + '/' if namespace else ''}{name}"
+        path = resource.collection_path(namespace)
+        try:
+            created: dict[str, Any] = await self._request("POST", path, body)
+            return created
+        except ApplyError as e:
+            if e.status != 409:
+                raise ApplyError(f"{what}: {e}", status=e.status) from e
+        try:
+            live: dict[str, Any] = await self._request("GET", f"{path}/{name}")
+            previous = ((live.get("metadata") or {}).get("annotations") or {}).get(LAST_APPLIED)
+            # Without a previous apply, everything in the file is "changed" (kubectl does the same).
+            patch = merge_patch(json.loads(previous) if previous else {}, _without_last_applied(body))
+            if previous != applied:
+                patch.setdefault("metadata", {}).setdefault("annotations", {})[LAST_APPLIED] = applied
+            if not patch:
+                return live
+            patched: dict[str, Any] = await self._request("PATCH", f"{path}/{name}", patch, MERGE_PATCH)
+        except ApplyError as e:
+            raise ApplyError(f"{what}: {e}", status=e.status) from e
+        return patched
+
+    async def apply_file(self, path: str | Path) -> list[dict[str, Any]]:
+        return [await self.apply(obj) for obj in load(path)]
 
 
-async def _resource(api: client.ApiClient, api_version: str, kind: str,
-                    cache: dict[str, list[dict[str, Any]]]) -> tuple[str, bool]:
-    """(plural, namespaced) of ``kind`` from discovery."""
-    base = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
-    if api_version not in cache:
-        status, data = await _call(api, "GET", base)
-        if status != 200 or not isinstance(data, dict):
-            raise ApplyError(f"{api_version} is not served by this cluster (discovery answered {status})")
-        cache[api_version] = list(data.get("resources") or [])
-    for r in cache[api_version]:
-        if r.get("kind") == kind and "/" not in r.get("name", ""):
-            return str(r["name"]), bool(r.get("namespaced"))
-    raise ApplyError(f"kind {kind} is not served under {api_version}")
+def merge_patch(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, Any]:
+    """The RFC 7386 merge patch that turns ``before`` into ``after`` (empty when they are equal)."""
+    patch: dict[str, Any] = {}
+    for key in before.keys() - after.keys():
+        patch[key] = None
+    for key, value in after.items():
+        old = before.get(key)
+        if isinstance(value, Mapping) and isinstance(old, Mapping):
+            nested = merge_patch(old, value)
+            if nested:
+                patch[key] = nested
+        elif key not in before or _canonical(old) != _canonical(value):
+            patch[key] = value
+    return patch
 
 
-async def apply(api: client.ApiClient, obj: Mapping[str, Any],
-                _cache: dict[str, list[dict[str, Any]]] | None = None) -> dict[str, Any]:
-    """Create ``obj``, or merge-patch it if it exists. Returns the object as the API stored it."""
-    cache = _cache if _cache is not None else {}
-    api_version, kind = str(obj.get("apiVersion", "")), str(obj.get("kind", ""))
-    meta = obj.get("metadata") or {}
-    name = meta.get("name")
-    if not api_version or not kind or not name:
-        raise ApplyError(f"a manifest needs apiVersion, kind and metadata.name: {dict(obj)!r:.200}")
-    plural, namespaced = await _resource(api, api_version, kind, cache)
-    base = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
-    if namespaced:
-        base += f"/namespaces/{meta.get('namespace') or 'default'}"  # kubectl's default namespace
-    namespace = str(meta.get("namespace") or "default")
-    what = f"{kind} {namespace}/{name}" if namespaced else f"{kind} {name}"
-    status, data = await _call(api, "POST", f"{base}/{plural}", dict(obj))
-    if status == 409:
-        status, data = await _call(api, "PATCH", f"{base}/{plural}/{name}", dict(obj), _MERGE_PATCH)
-    if status >= 400 or not isinstance(data, dict):
-        message = data.get("message") if isinstance(data, dict) else data
-        raise ApplyError(f"{what}: {status} {message}")
-    return data
+def _canonical(value: Any) -> str:
+    # JSON's equality, not Python's (True == 1 in Python, not in JSON).
+    return json.dumps(value, sort_keys=True)
 
 
-async def apply_file(api: client.ApiClient, path: str | Path) -> list[dict[str, Any]]:
-    """Apply every document of a YAML file, in order."""
-    cache: dict[str, list[dict[str, Any]]] = {}
-    text = await asyncio.to_thread(Path(path).read_text)
-    docs = [d for d in yaml.safe_load_all(text) if isinstance(d, dict)]
-    return [await apply(api, d, cache) for d in docs]
+def _without_last_applied(obj: Mapping[str, Any]) -> dict[str, Any]:
+    meta = dict(obj.get("metadata") or {})
+    annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k != LAST_APPLIED}
+    if annotations:
+        meta["annotations"] = annotations
+    else:
+        meta.pop("annotations", None)
+    return {**obj, "metadata": meta}
+
+
+def load(path: str | Path) -> list[dict[str, Any]]:
+    """The objects of a YAML file, in order; ``kind: List`` is flattened, empty documents skipped."""
+    out: list[dict[str, Any]] = []
+    for doc in yaml.safe_load_all(Path(path).read_text()):
+        if not isinstance(doc, dict):
+            continue
+        if str(doc.get("kind", "")).endswith("List") and isinstance(doc.get("items"), list):
+            out.extend(item for item in doc.get("items") or [] if isinstance(item, dict))
+        else:
+            out.append(doc)
+    return out
+
+
+async def apply(api_client: client.ApiClient, obj: dict[str, Any]) -> dict[str, Any]:
+    """Create ``obj``, or merge-patch it if it exists; returns the object as the API stored it."""
+    return await Applier(api_client).apply(obj)
+
+
+async def apply_file(api_client: client.ApiClient, path: str | Path) -> list[dict[str, Any]]:
+    """Apply every object in a YAML file, in file order (namespaces and CRDs first, as written)."""
+    return await Applier(api_client).apply_file(path)
+
+
+async def apply_files(api_client: client.ApiClient, paths: list[str | Path]) -> list[dict[str, Any]]:
+    """Several files with one discovery cache, one after the other."""
+    applier = Applier(api_client)
+    results: list[dict[str, Any]] = []
+    for path in paths:
+        results += await applier.apply_file(path)
+    return results

@@ -1,0 +1,143 @@
+"""`deviceshare explain POD` says, in plain words, what the operator recorded about a pod and what would help.
+
+Each case is set up on a sandbox with the real operator, so the reasons are the ones it writes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from typing import Any
+
+import pytest
+
+from deviceshare import cli
+from deviceshare.cli import explain
+from deviceshare.sandbox import Sandbox
+from tests.operator.conftest import RunningOperator
+from tests.operator.kube import Kube, scheduled_condition
+
+GPU = "nvidia.com/gpu"
+
+
+async def _explain(capsys: pytest.CaptureFixture[str], cluster: Sandbox, *argv: str) -> tuple[int, str, str]:
+    capsys.readouterr()
+    rc = await asyncio.to_thread(cli.main, ["explain", "--kubeconfig", str(cluster.kubeconfig), *argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+async def _wait_unschedulable(kube: Kube, ns: str, name: str) -> dict[str, Any]:
+    async def probe() -> dict[str, Any] | None:
+        pod = await kube.pod(ns, name)
+        cond = scheduled_condition(pod or {})
+        return pod if cond and cond.get("status") == "False" and cond.get("message") else None
+
+    result: dict[str, Any] = await kube.wait_for(probe, f"{ns}/{name} to be marked unschedulable")
+    return result
+
+
+async def test_bound_pod(
+    cluster: Sandbox, kube: Kube, operator: RunningOperator, capsys: pytest.CaptureFixture[str]
+) -> None:
+    await kube.create_group("ml", "trainer", {GPU: 2})
+    await kube.create_pod("ml", "trainer-0", "trainer")
+    pod = await kube.wait_bound("ml", "trainer-0")
+    group = await kube.wait_group("ml", "trainer", lambda g: (g.get("status") or {}).get("members"), "a member")
+    rc, out, _ = await _explain(capsys, cluster, "trainer-0", "-n", "ml")
+    assert rc == 0
+    lines = out.splitlines()
+    assert lines[0].startswith(f"Pod ml/trainer-0 is bound to node {pod['spec']['nodeName']}")
+    devices = ",".join(group["status"]["allocatedDevices"][GPU])
+    assert f"phase Bound, on node {pod['spec']['nodeName']}, devices {GPU}={devices}; members 1 (trainer-0)" in out
+    assert "What would help" not in out and "NOT bound" not in out
+
+
+async def test_unschedulable_pod_gets_the_scheduler_message_and_free_devices_per_node(
+    cluster: Sandbox, kube: Kube, operator: RunningOperator, capsys: pytest.CaptureFixture[str]
+) -> None:
+    await kube.create_group("ml", "small", {GPU: 3})
+    await kube.create_pod("ml", "small-0", "small")
+    small_node = (await kube.wait_bound("ml", "small-0"))["spec"]["nodeName"]
+    await kube.create_group("ml", "huge", {GPU: 16})
+    await kube.create_pod("ml", "huge-0", "huge")
+    pod = await _wait_unschedulable(kube, "ml", "huge-0")
+    message = scheduled_condition(pod)["message"]  # type: ignore[index]
+    assert message == "0/4 nodes are available: 4 insufficient nvidia.com/gpu."
+
+    rc, out, _ = await _explain(capsys, cluster, "huge-0", "-n", "ml")
+    assert rc == 0
+    assert "Pod ml/huge-0 is NOT bound to a node" in out
+    assert f"Scheduler says (Unschedulable): {message}" in out
+    assert "Latest FailedScheduling event" in out
+    assert "Group ml/huge: phase Pending, not placed yet" in out
+    hint = next(line for line in out.splitlines() if "on ONE node" in line)
+    assert f"needs 16 {GPU}" in hint
+    free = dict(re.findall(r"(gpu-node-\d) (\d+)/8", hint))
+    assert free == {f"gpu-node-{i}": str(5 if f"gpu-node-{i}" == small_node else 8) for i in range(4)}
+    assert "No shared node has 16 nvidia.com/gpu at all (the largest has 8)" in out
+
+
+async def test_pod_whose_group_is_missing_lists_the_groups_in_its_namespace(
+    cluster: Sandbox, kube: Kube, operator: RunningOperator, capsys: pytest.CaptureFixture[str]
+) -> None:
+    await kube.create_group("ml", "trainer", {GPU: 1})
+    await kube.create_group("ml", "tuner", {GPU: 1})
+    await kube.create_group("other", "elsewhere", {GPU: 1})
+    await kube.create_pod("ml", "lost-0", "trainr")
+    await _wait_unschedulable(kube, "ml", "lost-0")
+    rc, out, _ = await _explain(capsys, cluster, "lost-0", "-n", "ml")
+    assert rc == 0
+    assert 'SharedDeviceGroup "trainr" not found in namespace "ml"' in out
+    assert "Group ml/trainr: not found." in out
+    assert 'Group "trainr" does not exist in namespace "ml". Groups there: trainer, tuner.' in out
+    assert "elsewhere" not in out
+
+
+async def test_group_node_selector_and_max_members_hints(
+    cluster: Sandbox, kube: Kube, operator: RunningOperator, capsys: pytest.CaptureFixture[str]
+) -> None:
+    await kube.patch_node("gpu-node-3", {"metadata": {"labels": {"deviceshare.io/mode": None, "zone": "z1"}}})
+    await kube.create_group("ml", "picky", {GPU: 1}, nodeSelector={"zone": "z1"})
+    await kube.create_pod("ml", "picky-0", "picky")
+    await kube.create_group("ml", "pair", {GPU: 1}, maxMembers=1)
+    await kube.create_pod("ml", "pair-0", "pair")
+    await kube.wait_bound("ml", "pair-0")
+    await kube.create_pod("ml", "pair-1", "pair")
+    await _wait_unschedulable(kube, "ml", "picky-0")
+    await _wait_unschedulable(kube, "ml", "pair-1")
+
+    rc, out, _ = await _explain(capsys, cluster, "picky-0", "-n", "ml")
+    assert rc == 0
+    assert "0/4 nodes are available: 3 node(s) didn't match group nodeSelector, 1 not in shared mode." in out
+    assert "nodeSelector wants zone=z1; nodes with those labels: gpu-node-3 (in shared mode: none)" in out
+    assert "kubectl label node NODE deviceshare.io/mode=shared" in out
+
+    rc, out, _ = await _explain(capsys, cluster, "pair-1", "-n", "ml")
+    assert rc == 0
+    assert "its maxMembers is 1" in out
+    assert "The group is full (maxMembers 1; other members: pair-0)" in out
+
+
+async def test_pod_not_found_and_pod_without_group(
+    cluster: Sandbox, kube: Kube, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rc, _, err = await _explain(capsys, cluster, "ghost", "-n", "ml")
+    assert rc == 1 and "pod ghost not found in namespace ml" in err
+    await kube.create_pod("default", "plain", None)
+    rc, out, _ = await _explain(capsys, cluster, "plain")  # namespace from the kubeconfig context
+    assert rc == 0
+    assert "does not join a SharedDeviceGroup" in out
+
+
+@pytest.mark.parametrize(("message", "expected"), [
+    ("0/4 nodes are available: 4 insufficient nvidia.com/gpu.", {"insufficient nvidia.com/gpu": 4}),
+    ("0/12 nodes are available: 7 insufficient nvidia.com/gpu, 5 not in shared mode.",
+     {"insufficient nvidia.com/gpu": 7, "not in shared mode": 5}),
+    ("0/2 nodes are available: 2 node(s) had untolerated taint {gpu: }.",
+     {"node(s) had untolerated taint {gpu: }": 2}),
+    ("0/0 nodes are available: no nodes in the cluster.", {"no nodes in the cluster": 0}),
+    ('SharedDeviceGroup "x" not found in namespace "y"', {}),
+])
+def test_split_reasons(message: str, expected: dict[str, int]) -> None:
+    assert explain.split_reasons(message) == expected

@@ -1,0 +1,216 @@
+"""What the code actually asks of the API server, derived from the code itself (for the RBAC test).
+
+- The operator: every call it makes outside Kopf goes through ``ClusterApi._call(method, path, ...)``
+  in ``operator/storage.py``; the method and the (f-string) path of each call are read from the AST
+  and mapped to (apiGroup, resource, verb) as the API server's authorizer would.
+- Kopf, for the operator: the resources its registered handlers watch (from a real registry filled
+  by ``operator.handlers.register``), plus what Kopf itself needs in the mode ``operator/command.py``
+  starts it in (cluster-wide or not, read from the ``kopf.operator(...)`` call): the CRD watch, event
+  posting, the peering object; and namespaces only when it is not cluster-wide (kopf's
+  ``_core/reactor/observation.py`` skips the namespace scan when cluster-wide).
+- The webhook: every ``list_*`` API method its cache hands to a ``watching.Reflector``
+  (``webhooks/groups.py``), each of which lists and then watches.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import NamedTuple
+
+import kopf
+from kopf._cogs.structs import references
+
+from deviceshare.api import names
+from deviceshare.operator import handlers
+from deviceshare.operator.config import OperatorConfig
+
+SRC = Path(__file__).resolve().parents[2] / "src" / "deviceshare"
+STORAGE = SRC / "operator" / "storage.py"
+COMMAND = SRC / "operator" / "command.py"
+WEBHOOK_CACHE = SRC / "webhooks" / "groups.py"
+
+_VERB_BY_METHOD = {"POST": "create", "PATCH": "patch", "PUT": "update", "DELETE": "delete"}
+PLACEHOLDER = "{}"
+
+
+class Access(NamedTuple):
+    api_group: str
+    resource: str
+    verb: str
+
+
+class UnresolvedCall(Exception):
+    """A call whose method or path cannot be read statically: the RBAC test cannot vouch for it."""
+
+
+# -- paths -------------------------------------------------------------------------------------
+
+
+def access_for(method: str, path: str) -> Access:
+    """``("GET", "/api/v1/namespaces/{}/pods/{}")`` -> ``Access("", "pods", "get")``."""
+    segments = path.split("?")[0].strip("/").split("/")
+    if segments[0] == "api":
+        group, rest = "", segments[2:]
+    elif segments[0] == "apis":
+        group, rest = segments[1], segments[3:]
+    else:
+        raise UnresolvedCall(f"not a resource path: {path}")
+    if len(rest) > 2 and rest[0] == "namespaces":
+        rest = rest[2:]
+    if not rest or PLACEHOLDER in rest[0]:
+        raise UnresolvedCall(f"resource not literal in {path}")
+    resource = rest[0] if len(rest) < 3 else f"{rest[0]}/{rest[2]}"
+    if method == "GET":
+        verb = "get" if len(rest) > 1 else "list"
+    elif method == "DELETE" and len(rest) == 1:
+        verb = "deletecollection"
+    else:
+        verb = _VERB_BY_METHOD[method]
+    return Access(group, resource, verb)
+
+
+def _functions(tree: ast.Module) -> dict[str, ast.FunctionDef]:
+    return {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)}
+
+
+def _path_template(expr: ast.expr, functions: dict[str, ast.FunctionDef]) -> str:
+    """An f-string path with every runtime value as ``{}`` and ``names.X`` constants filled in."""
+    if isinstance(expr, ast.Constant) and isinstance(expr.value, str):
+        return expr.value
+    if isinstance(expr, ast.JoinedStr):
+        return "".join(_path_template(v, functions) for v in expr.values)
+    if isinstance(expr, ast.FormattedValue):
+        value = expr.value
+        if (isinstance(value, ast.Attribute) and isinstance(value.value, ast.Name)
+                and value.value.id == "names"):
+            return str(getattr(names, value.attr))
+        return PLACEHOLDER
+    if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Add):
+        return _path_template(expr.left, functions) + _path_template(expr.right, functions)
+    if isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name) and expr.func.id in functions:
+        returns = [n for n in ast.walk(functions[expr.func.id]) if isinstance(n, ast.Return)]
+        if len(returns) == 1 and returns[0].value is not None:
+            return _path_template(returns[0].value, functions)
+    raise UnresolvedCall(f"cannot read the path {ast.unparse(expr)!r} at line {expr.lineno}")
+
+
+def storage_calls(path: Path = STORAGE) -> list[tuple[str, str]]:
+    """(method, path template) of every ``self._call(...)`` in the operator's storage module."""
+    tree = ast.parse(path.read_text())
+    functions = _functions(tree)
+    out: list[tuple[str, str]] = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "_call"):
+            continue
+        method = node.args[0] if node.args else None
+        if not (isinstance(method, ast.Constant) and isinstance(method.value, str)) or len(node.args) < 2:
+            raise UnresolvedCall(f"_call at line {node.lineno} has no literal method and path")
+        out.append((method.value, _path_template(node.args[1], functions)))
+    return out
+
+
+def api_client_uses(package: Path) -> Iterator[str]:
+    """Places in ``package`` that talk to the API other than through ``ClusterApi._call``."""
+    pattern = re.compile(r"\.call_api\(|CoreV1Api|CustomObjectsApi|ApiextensionsV1Api|EventsV1Api|AppsV1Api")
+    for file in sorted(package.glob("*.py")):
+        for lineno, line in enumerate(file.read_text().splitlines(), 1):
+            if pattern.search(line) and not (file == STORAGE and "self._client.call_api(" in line):
+                yield f"{file.relative_to(SRC)}:{lineno}: {line.strip()}"
+
+
+# -- Kopf --------------------------------------------------------------------------------------
+
+
+def _kopf_operator_kwargs(path: Path = COMMAND) -> dict[str, ast.expr]:
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "operator"
+                and isinstance(node.func.value, ast.Name) and node.func.value.id == "kopf"):
+            return {k.arg: k.value for k in node.keywords if k.arg}
+    raise UnresolvedCall(f"no kopf.operator(...) call in {path}")
+
+
+def kopf_is_clusterwide() -> bool:
+    value = _kopf_operator_kwargs().get("clusterwide")
+    if not isinstance(value, ast.Constant) or not isinstance(value.value, bool):
+        raise UnresolvedCall("kopf.operator(clusterwide=...) is not a literal")
+    return value.value
+
+
+def kopf_needs(*, peering: bool) -> set[Access]:
+    registry = kopf.OperatorRegistry()
+    handlers.register(registry, OperatorConfig())
+    needs: set[Access] = set()
+    watched = [*registry._watching.get_all_handlers(), *registry._indexing.get_all_handlers(),
+               *registry._spawning.get_all_handlers()]
+    changing = list(registry._changing.get_all_handlers())
+    for handler in [*watched, *changing]:
+        selector = handler.selector
+        assert selector is not None and selector.any_name, f"handler {handler.id} selects no single resource"
+        needs |= {Access(selector.group or "", selector.any_name, v) for v in ("list", "watch")}
+    for handler in changing:  # progress/diff-base annotations and finalizers are written by patch
+        needs.add(Access(handler.selector.group or "", handler.selector.any_name, "patch"))  # type: ignore[union-attr]
+    crds, events = references.CRDS, references.EVENTS
+    needs |= {Access(crds.group or "", str(crds.any_name), v) for v in ("list", "watch")}
+    needs.add(Access(events.group or "", str(events.any_name), "create"))  # Kopf posts k8s events
+    clusterwide = kopf_is_clusterwide()
+    if not clusterwide:
+        ns = references.NAMESPACES
+        needs |= {Access(ns.group or "", str(ns.any_name), v) for v in ("list", "watch")}
+    if peering:
+        selector = references.CLUSTER_PEERINGS_K if clusterwide else references.NAMESPACED_PEERINGS_K
+        needs |= {Access(selector.group or "", str(selector.any_name), v) for v in ("list", "watch", "patch")}
+    return needs
+
+
+def operator_needs(*, peering: bool) -> set[Access]:
+    return {access_for(m, p) for m, p in storage_calls()} | kopf_needs(peering=peering)
+
+
+# -- webhook -----------------------------------------------------------------------------------
+
+
+def _core_plural(method: str) -> str:
+    """``list_pod_for_all_namespaces`` -> ``pods`` (kubernetes_asyncio's CoreV1Api naming)."""
+    match = re.fullmatch(r"list_(?:namespaced_)?(\w+?)(?:_for_all_namespaces)?", method)
+    if not match:
+        raise UnresolvedCall(f"unknown list method {method}")
+    return match.group(1).replace("_", "") + "s"
+
+
+def webhook_needs(path: Path = WEBHOOK_CACHE) -> set[Access]:
+    tree = ast.parse(path.read_text())
+    if "watching.Reflector(" not in path.read_text():
+        raise UnresolvedCall("the webhook cache no longer uses watching.Reflector (list + watch)")
+    needs: set[Access] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and _is_api_object(node.value):
+            if not node.attr.startswith("list_"):
+                raise UnresolvedCall(f"the webhook calls {node.attr}: add it to this derivation")
+            parent_call = next((c for c in ast.walk(tree) if isinstance(c, ast.Call)
+                                and any(a is node for a in c.args)), None)
+            if node.attr == "list_cluster_custom_object":
+                if parent_call is None or len(parent_call.args) < 4:
+                    raise UnresolvedCall(f"line {node.lineno}: list_cluster_custom_object without group/plural")
+                group, plural = (_name_value(parent_call.args[1]), _name_value(parent_call.args[3]))
+            else:
+                group, plural = "", _core_plural(node.attr)
+            needs |= {Access(group, plural, v) for v in ("list", "watch")}
+    return needs
+
+
+def _is_api_object(expr: ast.expr) -> bool:
+    """``client.CoreV1Api(api)``, ``k8s.CustomObjectsApi(api)``...: a kubernetes_asyncio API object."""
+    return (isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute)
+            and expr.func.attr.endswith("Api") and expr.func.attr != "ApiClient")
+
+
+def _name_value(expr: ast.expr) -> str:
+    if isinstance(expr, ast.Constant) and isinstance(expr.value, str):
+        return expr.value
+    if isinstance(expr, ast.Attribute) and isinstance(expr.value, ast.Name) and expr.value.id == "names":
+        return str(getattr(names, expr.attr))
+    raise UnresolvedCall(f"cannot read {ast.unparse(expr)!r}")

@@ -1,0 +1,80 @@
+"""The derivation behind the RBAC test reads the code correctly and refuses what it cannot read."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.manifests import code_access
+from tests.manifests.code_access import Access
+
+SRC = code_access.SRC
+
+
+@pytest.mark.parametrize(("method", "path", "expected"), [
+    ("GET", "/api/v1/nodes", Access("", "nodes", "list")),
+    ("GET", "/api/v1/namespaces/{}/pods/{}", Access("", "pods", "get")),
+    ("POST", "/api/v1/namespaces/{}/pods/{}/binding", Access("", "pods/binding", "create")),
+    ("PATCH", "/api/v1/namespaces/{}/pods/{}/status", Access("", "pods/status", "patch")),
+    ("POST", "/api/v1/namespaces/{}/events", Access("", "events", "create")),
+    ("GET", "/apis/deviceshare.io/v1alpha1/shareddevicegroups", Access("deviceshare.io", "shareddevicegroups", "list")),
+    ("PUT", "/apis/deviceshare.io/v1alpha1/namespaces/{}/shareddevicegroups/{}",
+     Access("deviceshare.io", "shareddevicegroups", "update")),
+    ("GET", "/apis/kopf.dev/v1/clusterkopfpeerings/{}", Access("kopf.dev", "clusterkopfpeerings", "get")),
+    ("GET", "/api/v1/namespaces", Access("", "namespaces", "list")),
+    ("GET", "/api/v1/namespaces/{}", Access("", "namespaces", "get")),
+    ("DELETE", "/api/v1/namespaces/{}/pods", Access("", "pods", "deletecollection")),
+])
+def test_paths_map_to_what_the_authorizer_checks(method: str, path: str, expected: Access) -> None:
+    assert code_access.access_for(method, path) == expected
+
+
+def test_every_storage_call_is_read(tmp_path: Path) -> None:
+    calls = code_access.storage_calls()
+    source = code_access.STORAGE.read_text()
+    assert len(calls) == source.count("self._call(")
+    assert ("POST", "/api/v1/namespaces/{}/pods/{}/binding") in calls
+
+
+def test_a_new_call_shows_up_and_an_opaque_one_is_refused(tmp_path: Path) -> None:
+    module = tmp_path / "storage.py"
+    module.write_text(textwrap.dedent('''
+        def _cm_path(ns):
+            return f"/api/v1/namespaces/{ns}/configmaps"
+        class ClusterApi:
+            async def make(self, ns):
+                await self._call("POST", _cm_path(ns) + "", "x")
+    '''))
+    assert code_access.storage_calls(module) == [("POST", "/api/v1/namespaces/{}/configmaps")]
+    module.write_text("class A:\n    async def f(self, p):\n        await self._call('GET', p, 'x')\n")
+    with pytest.raises(code_access.UnresolvedCall):
+        code_access.storage_calls(module)
+
+
+def test_the_operator_talks_to_the_api_only_through_its_storage_module() -> None:
+    assert list(code_access.api_client_uses(SRC / "operator")) == []
+
+
+def test_the_webhook_cache_lists_and_watches_groups_and_pods() -> None:
+    assert code_access.webhook_needs() == {
+        Access(g, r, v) for g, r in [("deviceshare.io", "shareddevicegroups"), ("", "pods")] for v in ("list", "watch")
+    }
+
+
+def test_the_webhook_derivation_refuses_a_write(tmp_path: Path) -> None:
+    module = tmp_path / "groups.py"
+    module.write_text("watching.Reflector(x)\nasyncio.create_task(x)\n"
+                      "client.CoreV1Api(api).patch_namespaced_pod('a', 'b', {})\n")
+    with pytest.raises(code_access.UnresolvedCall):
+        code_access.webhook_needs(module)
+
+
+def test_kopf_needs_follow_its_mode() -> None:
+    with_peering = code_access.kopf_needs(peering=True)
+    assert code_access.kopf_is_clusterwide()
+    assert Access("kopf.dev", "clusterkopfpeerings", "patch") in with_peering
+    assert not any(a.resource == "namespaces" for a in with_peering)  # cluster-wide Kopf does not scan them
+    assert {a.resource for a in with_peering - code_access.kopf_needs(peering=False)} == {"clusterkopfpeerings"}
+    assert {a.resource for a in with_peering if a.verb == "watch"} >= {"nodes", "pods", "shareddevicegroups"}

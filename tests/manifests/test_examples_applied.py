@@ -1,0 +1,196 @@
+"""The examples, applied as they stand to a sandbox with the webhook and the operator, end up running.
+
+Everything goes through the API as ``kubectl apply -f examples/`` would: the webhook is registered
+as a MutatingWebhookConfiguration and called by the sandbox's admission over TLS, the operator
+places the groups and binds the pods. Then every example pod must be bound, with the env wiring
+the webhook injects and the device annotations the operator writes, matching its group's status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from deviceshare.api import envnames, names
+from deviceshare.cli import inspect
+from deviceshare.kube import applying, connecting
+from deviceshare.sandbox import Sandbox
+from deviceshare.webhooks import certs, configuration, server
+from tests.operator.conftest import operator_config, start_operator
+from tests.operator.kube import Kube
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples"
+GPU = "nvidia.com/gpu"
+ENV = envnames.EnvNames().for_resource(GPU)
+
+
+class Stack:
+    def __init__(self, cluster: Sandbox, kube: Kube, applier: applying.Applier) -> None:
+        self.cluster, self.kube, self.applier = cluster, kube, applier
+
+
+@pytest.fixture
+async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
+    bundle = certs.generate(["127.0.0.1", "localhost"])
+    _, cert, key = bundle.write(tmp_path / "tls")
+    async with Sandbox(nodes=4, gpus=8, kubelet_delay=0.01, kubeconfig_path=tmp_path / "kubeconfig") as cluster:
+        api = await connecting.api_client(str(cluster.kubeconfig))
+        webhook = await server.start_webhook(tls_cert=cert, tls_key=key, api_client=api)
+        operator = await start_operator(operator_config(cluster))
+        try:
+            applier = applying.Applier(api)
+            await applier.apply(configuration.build(url=webhook.url, ca_bundle=bundle.ca_pem))
+            assert webhook.index is not None and await webhook.index.wait_synced(10)
+            async with Kube.connect(str(cluster.kubeconfig)) as kube:
+                yield Stack(cluster, kube, applier)
+        finally:
+            await operator.stop()
+            await webhook.stop()
+            await api.close()
+
+
+async def _apply(applier: applying.Applier, obj: dict[str, Any]) -> dict[str, Any]:
+    # The webhook knows groups from a watch, so a pod sent milliseconds after its group can be
+    # denied with "does not exist" (a ReplicaSet would retry; so does this test, briefly).
+    deadline = asyncio.get_running_loop().time() + 5
+    while True:
+        try:
+            return await applier.apply(obj)
+        except applying.ApplyError as e:
+            if "does not exist" not in str(e) or asyncio.get_running_loop().time() > deadline:
+                raise
+            await asyncio.sleep(0.05)
+
+
+async def _apply_examples(applier: applying.Applier) -> list[dict[str, Any]]:
+    applied: list[dict[str, Any]] = []
+    # The node first, as a user would label/annotate a node before creating groups.
+    for path in sorted(EXAMPLES.glob("*.yaml"), key=lambda p: (p.name != "gpu-node.yaml", p.name)):
+        for obj in applying.load(path):
+            stored = await _apply(applier, obj)
+            applied.append(stored)
+            if obj["kind"] == "Deployment":
+                applied += await _pods_of(applier, stored)
+    return applied
+
+
+async def _pods_of(applier: applying.Applier, deployment: dict[str, Any]) -> list[dict[str, Any]]:
+    # The sandbox runs no controller-manager, so nothing turns a Deployment into pods: create the
+    # pods its ReplicaSet would, from the template, through the API (so the webhook sees them).
+    template = deployment["spec"]["template"]
+    pods = []
+    for i in range(int(deployment["spec"].get("replicas", 1))):
+        meta = template.get("metadata") or {}
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": f"{deployment['metadata']['name']}-{i}",
+                         "namespace": deployment["metadata"]["namespace"],
+                         "labels": dict(meta.get("labels") or {}),
+                         "annotations": dict(meta.get("annotations") or {})},
+            "spec": template["spec"],
+        }
+        pods.append(await _apply(applier, pod))
+    return pods
+
+
+async def test_every_example_pod_runs_with_its_groups_devices(stack: Stack) -> None:
+    applied = await _apply_examples(stack.applier)
+    pods = [o for o in applied if o["kind"] == "Pod"]
+    assert len(pods) >= 6  # trainer + evaluator, two notebooks, three inference replicas
+    kube = stack.kube
+
+    for created in pods:
+        ns, name = created["metadata"]["namespace"], created["metadata"]["name"]
+        pod = await kube.wait_bound(ns, name)
+        group_name = pod["metadata"]["annotations"][names.POD_GROUP_ANNOTATION]
+        group = await kube.wait_group(
+            ns, group_name, lambda g, n=name: n in ((g.get("status") or {}).get("members") or []), f"{name} as a member"
+        )
+        status = group["status"]
+        assert status["phase"] == names.PHASE_BOUND
+        assert pod["spec"]["nodeName"] == status["nodeName"]
+        # The webhook's part: our scheduler, and each container reads the env var from the annotation.
+        assert pod["spec"]["schedulerName"] == names.DEFAULT_SCHEDULER_NAME
+        for container in pod["spec"]["containers"]:
+            env = {e["name"]: e for e in container.get("env") or []}
+            for var in ENV:
+                assert env[var]["valueFrom"]["fieldRef"]["fieldPath"] == names.env_field_path(var)
+            assert GPU not in ((container.get("resources") or {}).get("requests") or {})
+        # The operator's part: the group's devices, on the pod.
+        annotations = pod["metadata"]["annotations"]
+        devices = status["allocatedDevices"][GPU]
+        assert json.loads(annotations[names.POD_SELECTED_DEVICES_ANNOTATION]) == {GPU: ",".join(devices)}
+        for var in ENV:
+            assert annotations[names.env_annotation(var)] == ",".join(devices)
+        assert len(devices) == group["spec"]["resources"][GPU]
+
+    # The examples' promises: trainer and evaluator share two GPUs; the inference replicas share one.
+    by_group: dict[tuple[str, str], set[str]] = {}
+    for created in pods:
+        pod = await kube.pod(created["metadata"]["namespace"], created["metadata"]["name"])
+        assert pod is not None
+        key = (pod["metadata"]["namespace"], pod["metadata"]["annotations"][names.POD_GROUP_ANNOTATION])
+        by_group.setdefault(key, set()).add(pod["metadata"]["annotations"][names.POD_SELECTED_DEVICES_ANNOTATION])
+    assert all(len(selections) == 1 for selections in by_group.values()), by_group
+    assert len(by_group[("serving", "inference")]) == 1
+
+    # The node example was applied over the sandbox's node: inspect shows its explicit device IDs.
+    node = await kube._json(kube.core.read_node("gpu-node-1", _preload_content=False))
+    mapped = {n.name: n for n in inspect.device_map([node], await kube.groups())}
+    assert [d.id for d in mapped["gpu-node-1"].resources[GPU] if d.in_inventory] == json.loads(
+        node["metadata"]["annotations"][names.NODE_DEVICES_ANNOTATION])[GPU]
+    assert node["metadata"]["labels"]["deviceshare.io/gpu-model"] == "A100"
+
+
+async def test_applying_again_sends_only_what_the_file_changed(stack: Stack, tmp_path: Path) -> None:
+    api = stack.applier._api
+    path = EXAMPLES / "spread-group.yaml"
+    first = await applying.apply_file(api, path)
+    await stack.kube.wait_bound("research", "notebook-alice")  # mutated by the webhook and operator since
+
+    async def running() -> dict[str, Any] | None:  # the kubelet's status writes are done by then
+        pod = await stack.kube.pod("research", "notebook-alice")
+        return pod if pod and (pod.get("status") or {}).get("phase") == "Running" else None
+
+    pod = await stack.kube.wait_for(running, "notebook-alice to run")
+
+    # Unchanged file: nothing is written (a pod's spec could not be patched back anyway).
+    again = await applying.apply_file(api, path)
+    assert [o["metadata"]["resourceVersion"] for o in again[:1]] == [first[0]["metadata"]["resourceVersion"]]
+    assert (await stack.kube.pod("research", "notebook-alice"))["metadata"]["resourceVersion"] == \
+        pod["metadata"]["resourceVersion"]  # type: ignore[index]
+
+    # A label added in the file is added; removed from the file, it is removed; the rest is kept.
+    objects = applying.load(path)
+    group = next(o for o in objects if o["kind"] == "SharedDeviceGroup")
+    group["metadata"]["labels"] = {"team": "research"}
+    labelled = await applying.apply(api, group)
+    assert labelled["metadata"]["labels"] == {"team": "research"}
+    del group["metadata"]["labels"]
+    unlabelled = await applying.apply(api, group)
+    assert not unlabelled["metadata"].get("labels")
+    assert unlabelled["metadata"]["uid"] == first[1]["metadata"]["uid"]
+    assert unlabelled["status"]["phase"] == names.PHASE_BOUND  # the operator's status is not touched
+
+
+async def test_unknown_kinds_and_refusals_name_the_object(tmp_path: Path) -> None:
+    async with Sandbox(nodes=1, kubelet_delay=None, kubeconfig_path=tmp_path / "kubeconfig") as cluster, \
+            await connecting.api_client(str(cluster.kubeconfig)) as api:
+        await _refusals(api)
+
+
+async def _refusals(api: Any) -> None:
+    with pytest.raises(applying.ApplyError, match="serves no Widget"):
+        await applying.apply(api, {"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w"}})
+    bad_group = {"apiVersion": names.API_VERSION, "kind": names.KIND,
+                 "metadata": {"name": "bad", "namespace": "default"}, "spec": {"resources": {}}}
+    with pytest.raises(applying.ApplyError, match="SharedDeviceGroup default/bad") as refused:
+        await applying.apply(api, bad_group)
+    assert refused.value.status == 422
