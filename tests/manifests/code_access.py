@@ -188,6 +188,12 @@ def webhook_needs(path: Path = WEBHOOK_CACHE) -> set[Access]:
     needs: set[Access] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute) and _is_api_object(node.value):
+            if node.attr == "get_namespaced_custom_object":  # the cache-miss lookup (GroupIndex.refresh)
+                call = next((c for c in ast.walk(tree) if isinstance(c, ast.Call) and c.func is node), None)
+                if call is None or len(call.args) < 4:
+                    raise UnresolvedCall(f"line {node.lineno}: get_namespaced_custom_object without group/plural")
+                needs.add(Access(_name_value(call.args[0]), _name_value(call.args[3]), "get"))
+                continue
             if not node.attr.startswith("list_"):
                 raise UnresolvedCall(f"the webhook calls {node.attr}: add it to this derivation")
             parent_call = next((c for c in ast.walk(tree) if isinstance(c, ast.Call)

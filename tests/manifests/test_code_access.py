@@ -57,10 +57,10 @@ def test_the_operator_talks_to_the_api_only_through_its_storage_module() -> None
     assert list(code_access.api_client_uses(SRC / "operator")) == []
 
 
-def test_the_webhook_cache_lists_and_watches_groups_and_pods() -> None:
+def test_the_webhook_cache_lists_and_watches_groups_and_pods_and_gets_a_group_on_a_miss() -> None:
     assert code_access.webhook_needs() == {
         Access(g, r, v) for g, r in [("deviceshare.io", "shareddevicegroups"), ("", "pods")] for v in ("list", "watch")
-    }
+    } | {Access("deviceshare.io", "shareddevicegroups", "get")}
 
 
 def test_the_webhook_derivation_refuses_a_write(tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import ssl
@@ -14,6 +15,7 @@ import pytest
 from kubernetes_asyncio import client
 
 from deviceshare.api import envnames, names
+from deviceshare.sandbox import Sandbox
 from deviceshare.webhooks import admission, certs, server
 from tests.webhooks import fakeapi
 from tests.webhooks.fakeapi import GROUPS, PODS
@@ -173,3 +175,40 @@ async def test_an_unforeseen_pod_shape_is_denied_not_a_500(
     assert answer["response"]["uid"] == "odd"
     assert answer["response"]["allowed"] is False
     assert "could not process this pod" in answer["response"]["status"]["message"]
+
+
+async def test_a_group_created_just_before_its_pod_is_found_even_if_the_watch_lags(tmp_path: Any) -> None:
+    """One `kubectl apply -f` with a group and its pods: the watch may not have delivered the group yet."""
+    async with Sandbox(nodes=1, kubelet_delay=0, kubeconfig_path=tmp_path / "kc") as sandbox:
+        bundle = certs.generate(["127.0.0.1"])
+        _, cert, key = bundle.write(tmp_path)
+        hook = await server.start_webhook(tls_cert=str(cert), tls_key=str(key), kubeconfig=str(sandbox.kubeconfig))
+        try:
+            assert await hook.index.wait_synced(5)
+            await asyncio.sleep(0.5)  # let the watches open after their initial lists
+            sandbox.stall_watches()  # nothing new reaches the cache from here on
+            sandbox.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "ml"}})
+            sandbox.create({
+                "apiVersion": "deviceshare.io/v1alpha1", "kind": "SharedDeviceGroup",
+                "metadata": {"name": "fresh", "namespace": "ml"}, "spec": {"resources": {"nvidia.com/gpu": 1}},
+            })
+            review = {
+                "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                "request": {
+                    "uid": "u1", "operation": "CREATE", "namespace": "ml",
+                    "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                    "object": {
+                        "metadata": {"name": "p", "namespace": "ml",
+                                     "annotations": {"deviceshare.io/device-group": "fresh"}},
+                        "spec": {"containers": [{"name": "c", "image": "busybox"}]},
+                    },
+                },
+            }
+            ctx = ssl.create_default_context(cadata=bundle.ca_pem.decode())
+            async with aiohttp.ClientSession() as http, http.post(hook.mutate_url, json=review, ssl=ctx) as resp:
+                answer = await resp.json()
+            assert answer["response"]["allowed"] is True, answer["response"].get("status")
+            assert answer["response"]["patchType"] == "JSONPatch"
+        finally:
+            sandbox.resume_watches()
+            await hook.stop()

@@ -26,6 +26,7 @@ from typing import Any
 import yaml
 
 from deviceshare.api import names
+from deviceshare.cli import inspect as inspect_cmd
 from deviceshare.kube import applying, connecting
 from deviceshare.operator.command import OperatorThread
 from deviceshare.operator.config import OperatorConfig
@@ -125,6 +126,9 @@ async def demo(args: argparse.Namespace) -> int:
         _print_groups(sandbox, out)
         print(file=out)
         _print_pods(sandbox, pods, out)
+        print(file=out)
+        snapshot = await inspect_cmd.read_snapshot(api, pods=False)
+        inspect_cmd.render_table(inspect_cmd.device_map(snapshot.nodes, snapshot.groups), out)
         print(f"\n{len(bound)}/{len(pods)} pods bound in {time.perf_counter() - started:.1f}s", file=out)
         if args.keep_running:
             print(f"\ncluster kept running: export KUBECONFIG={sandbox.kubeconfig}; Ctrl-C to stop", file=out)

@@ -21,6 +21,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+import aiohttp
 import pydantic
 from kubernetes_asyncio import client
 
@@ -113,6 +114,7 @@ class GroupIndex:
         self._members = _Members()
         self.reflectors: list[watching.Reflector] = []
         self._tasks: list[asyncio.Task[None]] = []
+        self._api: client.ApiClient | None = None
 
     # -- GroupView --------------------------------------------------------------------------
 
@@ -124,6 +126,25 @@ class GroupIndex:
 
     def member_count(self, namespace: str, name: str) -> int:
         return self._members.counts.get((namespace, name), 0)
+
+    async def refresh(self, namespace: str, name: str, timeout_s: float) -> None:
+        """Read one group from the API into the cache (a miss may be a watch that lags a fresh create).
+
+        Bounded by ``timeout_s``; on any failure the cache stays as it was and the miss stands.
+        """
+        if self._api is None or not name:
+            return
+        call = client.CustomObjectsApi(self._api).get_namespaced_custom_object(
+            names.GROUP, names.VERSION, namespace, names.PLURAL, name
+        )
+        try:
+            obj = await asyncio.wait_for(call, timeout_s)
+        except (client.ApiException, TimeoutError, aiohttp.ClientError) as e:
+            if not (isinstance(e, client.ApiException) and e.status == 404):
+                logger.warning("looking up SharedDeviceGroup %s/%s failed: %s", namespace, name, e)
+            return
+        if isinstance(obj, dict):
+            self._groups.apply("ADDED", obj)
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -142,6 +163,7 @@ class GroupIndex:
 
     def start(self, api: client.ApiClient, *, watch_timeout_s: int = 300, page_size: int = 500) -> None:
         """Start both list+watch loops on ``api`` (which the caller keeps and closes)."""
+        self._api = api
         groups_call = functools.partial(
             client.CustomObjectsApi(api).list_cluster_custom_object, names.GROUP, names.VERSION, names.PLURAL
         )

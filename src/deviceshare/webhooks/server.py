@@ -44,6 +44,9 @@ class CachedGroups(admission.GroupView, Protocol):
 
     async def wait_synced(self, timeout_s: float) -> bool: ...
 
+    async def refresh(self, namespace: str, name: str, timeout_s: float) -> None:
+        """Look one group up in the API, for a cache miss that may only be watch lag."""
+
 
 @dataclass
 class Settings:
@@ -75,8 +78,10 @@ class Webhook:
         started = time.perf_counter()
         try:
             body = json.loads(await request.read())
-            if not self.lookup.synced and _opted_in(body):
-                await self.lookup.wait_synced(self.settings.warmup_timeout_s)
+            if _opted_in(body):
+                if not self.lookup.synced:
+                    await self.lookup.wait_synced(self.settings.warmup_timeout_s)
+                await self._refresh_on_miss(body)
             try:
                 decision = admission.decide(
                     body, self.lookup, self.settings.env_names, self.settings.scheduler_name
@@ -95,6 +100,18 @@ class Webhook:
             return web.json_response({"error": f"not an AdmissionReview: {e}"}, status=400)
         self.metrics.observe(decision.outcome, time.perf_counter() - started)
         return web.json_response(answer, dumps=_dumps)
+
+    async def _refresh_on_miss(self, body: Any) -> None:
+        """A group created a moment before its pods (one ``kubectl apply -f``) may not have reached the
+        watch yet: before denying "does not exist", ask the API once (bounded)."""
+        request = body.get("request") if isinstance(body, dict) else None
+        if not isinstance(request, dict) or not isinstance(request.get("object"), dict):
+            return
+        pod = request["object"]
+        name = admission.group_name_of(pod)
+        namespace = str(request.get("namespace") or (pod.get("metadata") or {}).get("namespace") or "")
+        if name and self.lookup.synced and self.lookup.group(namespace, name) is None:
+            await self.lookup.refresh(namespace, name, self.settings.warmup_timeout_s)
 
     async def healthz(self, request: web.Request) -> web.Response:
         return web.Response(text="ok")
