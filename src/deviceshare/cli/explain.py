@@ -23,7 +23,7 @@ from kubernetes_asyncio import client as k8s
 from deviceshare.api import names
 from deviceshare.cli import inspect as inspect_
 from deviceshare.core import inventory, reasons
-from deviceshare.kube import connecting
+from deviceshare.kube import connecting, rest
 
 _COUNTED = re.compile(r"^\d+/\d+ nodes are available: (?P<reasons>.*?)\.?$")
 _REASON = re.compile(r"^(?P<count>\d+) (?P<reason>.+)$")
@@ -210,7 +210,7 @@ async def read_facts(api: k8s.ApiClient, namespace: str, pod_name: str) -> Facts
             group = await inspect_.get_json(
                 api, f"/apis/{names.API_VERSION}/namespaces/{namespace}/{names.PLURAL}/{group_name}"
             )
-        except k8s.ApiException as e:
+        except rest.ApiError as e:
             if e.status != 404:
                 raise
     events = await inspect_.get_json(
@@ -251,11 +251,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         namespace = args.namespace or _default_namespace(args.kubeconfig, args.context)
         lines = asyncio.run(run_async(args.kubeconfig, namespace, args.pod, context=args.context))
-    except k8s.ApiException as e:
+    except rest.ApiError as e:
         if e.status == 404:
             print(f"deviceshare explain: pod {args.pod} not found in namespace {namespace}", file=sys.stderr)
         else:
-            print(f"deviceshare explain: {e.status} {e.reason}", file=sys.stderr)
+            print(f"deviceshare explain: {e.status} {e.message}", file=sys.stderr)
         return 1
     except (connecting.ClusterNotFound, OSError) as e:
         print(f"deviceshare explain: {e}", file=sys.stderr)

@@ -21,7 +21,7 @@ from kubernetes_asyncio import client as k8s
 
 from deviceshare.api import names
 from deviceshare.core import inventory
-from deviceshare.kube import connecting
+from deviceshare.kube import connecting, rest
 
 FREE = "-"
 CONFLICT = "CONFLICT"
@@ -138,17 +138,7 @@ def device_map(nodes: Sequence[Mapping[str, Any]], groups: Sequence[Mapping[str,
 
 
 async def get_json(api: k8s.ApiClient, path: str) -> Any:
-    resp = await api.call_api(
-        path, "GET", header_params={"Accept": "application/json"}, auth_settings=["BearerToken"],
-        _preload_content=False, _return_http_data_only=True,
-    )
-    try:
-        body = await resp.read()
-    finally:
-        resp.release()
-    if resp.status >= 400:  # without preloading, kubernetes_asyncio does not raise by itself
-        raise k8s.ApiException(status=resp.status, reason=body.decode(errors="replace"))
-    return json.loads(body)
+    return await rest.call(api, "GET", path)
 
 
 async def read_snapshot(api: k8s.ApiClient, *, pods: bool = True) -> Snapshot:
@@ -256,7 +246,7 @@ async def inspect(
 def run(args: argparse.Namespace) -> int:
     try:
         nodes = asyncio.run(inspect(args.kubeconfig, context=args.context, only=args.node))
-    except (connecting.ClusterNotFound, k8s.ApiException, OSError) as e:
+    except (connecting.ClusterNotFound, rest.ApiError, OSError) as e:
         print(f"deviceshare inspect: {e}", file=sys.stderr)
         return 1
     if args.node and not nodes:

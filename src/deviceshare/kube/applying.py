@@ -20,6 +20,8 @@ from typing import Any
 import yaml
 from kubernetes_asyncio import client
 
+from deviceshare.kube import rest
+
 MERGE_PATCH = "application/merge-patch+json"
 LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"  # kubectl's, so both tools agree
 
@@ -53,23 +55,10 @@ class Applier:
         self.default_namespace = default_namespace
 
     async def _request(self, method: str, path: str, body: Any = None, content_type: str = "application/json") -> Any:
-        resp = await self._api.call_api(
-            path, method,
-            header_params={"Content-Type": content_type, "Accept": "application/json"},
-            body=body, auth_settings=["BearerToken"],
-            _preload_content=False, _return_http_data_only=True,
-        )
         try:
-            data = await resp.read()
-        finally:
-            resp.release()
-        if resp.status >= 400:  # without preloading, kubernetes_asyncio does not raise by itself
-            try:
-                message = json.loads(data).get("message", data.decode(errors="replace"))
-            except (ValueError, AttributeError):
-                message = data.decode(errors="replace")
-            raise ApplyError(str(message), status=resp.status)
-        return json.loads(data) if data else {}
+            return await rest.call(self._api, method, path, body, content_type=content_type)
+        except rest.ApiError as e:
+            raise ApplyError(e.message, status=e.status) from e
 
     async def resource(self, api_version: str, kind: str) -> Resource:
         """The resource serving ``kind``; a fresh discovery is tried before giving up (new CRDs)."""

@@ -8,7 +8,6 @@ refused the content: do not retry) and ``kopf.TemporaryError`` for the rest (ret
 from __future__ import annotations
 
 import datetime
-import json
 import logging
 import secrets
 from collections.abc import Mapping
@@ -19,6 +18,7 @@ import kopf
 from kubernetes_asyncio import client as k8s
 
 from deviceshare.api import names
+from deviceshare.kube import rest
 
 logger = logging.getLogger(__name__)
 
@@ -45,12 +45,7 @@ def now_rfc3339() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _translate(status: int, body: bytes | str | None, headers: Mapping[str, str] | None, what: str) -> Exception:
-    text_body = body.decode(errors="replace") if isinstance(body, bytes) else str(body or "")
-    try:
-        message = json.loads(text_body).get("message", text_body)
-    except (ValueError, AttributeError):
-        message = text_body
+def _translate(status: int, message: str, headers: Mapping[str, str] | None, what: str) -> Exception:
     text = f"{what}: {status} {message}"
     if status == 409:
         return Conflict(text)
@@ -86,27 +81,13 @@ class ClusterApi:
         content_type: str = "application/json",
     ) -> Any:
         try:
-            resp = await self._client.call_api(
-                path, method,
-                header_params={"Content-Type": content_type, "Accept": "application/json"},
-                body=body,
-                auth_settings=["BearerToken"],
-                _preload_content=False,
-                _return_http_data_only=True,
-                _request_timeout=self.request_timeout,
+            return await rest.call(
+                self._client, method, path, body, content_type=content_type, timeout=self.request_timeout
             )
-        except k8s.ApiException as e:
-            raise _translate(e.status, e.body, e.headers, what) from e
+        except rest.ApiError as e:
+            raise _translate(e.status, e.message, e.headers, what) from e
         except (aiohttp.ClientError, TimeoutError) as e:
             raise kopf.TemporaryError(f"{what}: {e!r}", delay=1.0) from e
-        try:
-            data = await resp.read()
-        finally:
-            resp.release()
-        # Without preloading, kubernetes_asyncio hands back error responses instead of raising.
-        if resp.status >= 400:
-            raise _translate(resp.status, data, resp.headers, what)
-        return json.loads(data)
 
     # -- reads ---------------------------------------------------------------------------------
 
