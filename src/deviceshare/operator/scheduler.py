@@ -82,6 +82,13 @@ class PodScheduler:
             except storage.Conflict as e:
                 self.ctx.metrics.api_conflicts.inc()
                 return Outcome(Result.RETRY, str(e), retry_after=0.2)
+            except storage.Gone:
+                # The group vanished while its status write was in flight (the reservation is released).
+                self.ctx.state.groups.pop(pod.group_key, None)
+                return Outcome(
+                    Result.UNSCHEDULABLE,
+                    f'SharedDeviceGroup "{pod.group_key[1]}" not found in namespace "{pod.group_key[0]}"',
+                )
             except storage.Invalid as e:
                 # Retrying the same write cannot help: say why on the pod and wait for a change.
                 return Outcome(Result.UNSCHEDULABLE, f"the API server refused the placement: {e}")
