@@ -82,9 +82,17 @@ def rebuild_sizes(quick: bool) -> Sizes:
 
 def _sandbox_main(
     sizes: Sizes, prepopulate: bool, kubeconfig: str, ready: multiprocessing.synchronize.Event,
-    stop: multiprocessing.synchronize.Event, results: Any,
+    stop: multiprocessing.synchronize.Event, results: Any, profile_path: str | None = None,
 ) -> None:
-    asyncio.run(_serve_sandbox(sizes, prepopulate, Path(kubeconfig), ready, stop))
+    profiler = cProfile.Profile() if profile_path else None
+    if profiler is not None:
+        profiler.enable()
+    try:
+        asyncio.run(_serve_sandbox(sizes, prepopulate, Path(kubeconfig), ready, stop))
+    finally:
+        if profiler is not None and profile_path:
+            profiler.disable()
+            profiler.dump_stats(profile_path)
 
 
 async def _serve_sandbox(
@@ -151,6 +159,8 @@ def _operator_main(
     import logging
 
     logging.basicConfig(level=logging.WARNING)
+    # Kopf's watch generators are closed noisily when the loop shuts down; nothing to act on here.
+    logging.getLogger("asyncio").setLevel(logging.CRITICAL)
     profiler = cProfile.Profile() if profile_path else None
     if profiler is not None:
         profiler.enable()
@@ -218,8 +228,8 @@ class Child:
             self.process.join(5)
 
 
-def sandbox_child(sizes: Sizes, prepopulate: bool, kubeconfig: Path) -> Child:
-    return Child(_sandbox_main, sizes, prepopulate, str(kubeconfig))
+def sandbox_child(sizes: Sizes, prepopulate: bool, kubeconfig: Path, profile_path: str | None = None) -> Child:
+    return Child(_sandbox_main, sizes, prepopulate, str(kubeconfig), extra=(profile_path,))
 
 
 def operator_child(kubeconfig: Path, profile_path: str | None = None) -> Child:
@@ -333,7 +343,7 @@ async def placement(quick: bool, profile_path: str | None = None) -> PlacementRe
     want = sizes.groups * sizes.pods_per_group
     with tempfile.TemporaryDirectory(prefix="bench-operator-") as tmp:
         kubeconfig = Path(tmp) / "kubeconfig"
-        sandbox = sandbox_child(sizes, False, kubeconfig)
+        sandbox = sandbox_child(sizes, False, kubeconfig, profile_path and profile_path + ".sandbox")
         sandbox_proc = sandbox.start(120)
         operator = operator_child(kubeconfig, profile_path)
         try:
@@ -546,7 +556,10 @@ def run(quick: bool) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--profile", metavar="FILE", help="placement only, with cProfile in the operator process")
+    parser.add_argument(
+        "--profile", metavar="FILE",
+        help="placement only, with cProfile in the operator (FILE) and the sandbox (FILE.sandbox)",
+    )
     parser.add_argument("--top", type=int, default=40)
     parser.add_argument("--placement", action="store_true", help="placement only, without the profiler")
     args = parser.parse_args(argv)
