@@ -275,6 +275,7 @@ class PlacementResult:
     loadgen_cpu: float
     operator_rss: tuple[float, float]
     events: dict[str, int]
+    load: tuple[float, float] = (0.0, 0.0)  # 1-minute load average before and after the run
 
     @property
     def rate(self) -> float:
@@ -341,6 +342,7 @@ async def _get_json(url: str, headers: dict[str, str], path: str) -> Any:
 async def placement(quick: bool, profile_path: str | None = None) -> PlacementResult:
     sizes = placement_sizes(quick)
     want = sizes.groups * sizes.pods_per_group
+    load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="bench-operator-") as tmp:
         kubeconfig = Path(tmp) / "kubeconfig"
         sandbox = sandbox_child(sizes, False, kubeconfig, profile_path and profile_path + ".sandbox")
@@ -380,6 +382,7 @@ async def placement(quick: bool, profile_path: str | None = None) -> PlacementRe
     return PlacementResult(
         sizes, want, len(bound_at), create_wall, last - t0, latencies, timeline,
         cpu1[0] - cpu0[0], cpu1[1] - cpu0[1], cpu1[2] - cpu0[2], rss, dict(events),
+        (load_before, os.getloadavg()[0]),
     )
 
 
@@ -498,7 +501,8 @@ debounce) and the load generator, which creates {s.groups} groups x {s.pods_per_
 Latency runs from the return of a pod's create call to the moment the load generator's pod watch
 first shows it with `spec.nodeName`; throughput is bound pods over first create → last binding.
 CPU seconds are each process's own over that window (the operator's share shows whether it or the
-sandbox is the bottleneck).
+sandbox is the bottleneck). The machine's 1-minute load average was {p.load[0]:.1f} before and
+{p.load[1]:.1f} after the run on {os.cpu_count()} CPUs: other work on the machine takes cores from all three.
 
 | pods | bound | create wall s | create→all bound s | pods bound/s | p50 s | p90 s | p99 s | max s |
 |---|---|---|---|---|---|---|---|---|
