@@ -51,6 +51,8 @@ async def test_members_of_a_group_share_node_and_devices(kube: Kube) -> None:
     assert names.GROUP_FINALIZER in group["metadata"]["finalizers"]
     reasons = {e["reason"] for e in await kube.events("ml", "trainer-0")}
     assert "Scheduled" in reasons
+    # Our own fresh annotations must never be mistaken for hand edits.
+    assert "DeviceAnnotationsRestored" not in reasons
 
 
 async def test_groups_never_share_a_device_and_the_overflow_says_why(kube: Kube) -> None:

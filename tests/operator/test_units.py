@@ -126,8 +126,12 @@ def test_an_assumed_binding_survives_an_older_event() -> None:
     cluster = state.ClusterState()
     pod = _pod("p", "g", None, None, phase="Pending")
     cluster.upsert_pod(pod)
-    cluster.assume(pod, "n1")
-    cluster.upsert_pod(_pod("p", "g", None, None, phase="Pending"))  # the annotate event, before binding
+    cluster.assume(pod, "n1", {names.POD_SELECTED_DEVICES_ANNOTATION: '{"nvidia.com/gpu":"0"}',
+                               names.env_annotation("NVIDIA_VISIBLE_DEVICES"): "0"})
+    cluster.upsert_pod(_pod("p", "g", None, None, phase="Pending"))  # an event from before our writes
     assert cluster.pods[("ns", "p")].node_name == "n1"
+    # ... which must not make the annotations we wrote look hand-edited (or missing)
+    assert cluster.pods[("ns", "p")].selected_devices == '{"nvidia.com/gpu":"0"}'
+    assert cluster.pods[("ns", "p")].env_annotations == {"NVIDIA_VISIBLE_DEVICES": "0"}
     cluster.upsert_pod(_pod("p", "g", "n1", None))
     assert cluster.members_on_devices(("ns", "g"))[0].name == "p"

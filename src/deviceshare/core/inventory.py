@@ -9,6 +9,7 @@ Reading a node never raises: a malformed device annotation or quantity becomes a
 from __future__ import annotations
 
 import decimal
+import functools
 import json
 import math
 import re
@@ -114,11 +115,22 @@ def _quantity(q: str | int | float) -> decimal.Decimal:
 
 def parse_cpu(q: str | int | float) -> int:
     """CPU quantity in millicores, rounded up like the API server does ("100m", "2", "0.5")."""
-    return math.ceil(_quantity(q) * 1000)
+    return _cpu(q, type(q).__name__)
 
 
 def parse_memory(q: str | int | float) -> int:
     """Memory quantity in bytes, rounded up ("512Mi", "1G", "1e9")."""
+    return _memory(q, type(q).__name__)
+
+
+# Cached: 10,000 pods carry a handful of distinct quantities (the type keeps 1 and "1" apart).
+@functools.lru_cache(maxsize=4096)
+def _cpu(q: str | int | float, _type: str) -> int:
+    return math.ceil(_quantity(q) * 1000)
+
+
+@functools.lru_cache(maxsize=4096)
+def _memory(q: str | int | float, _type: str) -> int:
     return math.ceil(_quantity(q))
 
 

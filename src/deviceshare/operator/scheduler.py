@@ -164,7 +164,7 @@ class PodScheduler:
             raise
 
         # Seen as bound right away, so the next member counts it before the watch event arrives.
-        ctx.state.assume(pod, allocation.node)
+        ctx.state.assume(pod, allocation.node, annotations)
         ctx.ledger.account_pod(pod.key, allocation.node, pod.demand.cpu_milli, pod.demand.memory_bytes)
         devices = statuses.describe_devices(allocation.devices)
         if fresh:

@@ -7,6 +7,7 @@ difference is most of the operator's memory. Nodes live in the core's DeviceLedg
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -129,6 +130,17 @@ def group_record(body: Mapping[str, Any]) -> GroupRecord:
 
 def parse_selected_devices(raw: str | None) -> dict[str, list[str]] | None:
     """The deviceshare.io/selected-devices annotation -> resource -> IDs; None if absent or malformed."""
+    parsed = _parse_selected_devices(raw)
+    return None if parsed is None else {r: list(ids) for r, ids in parsed}
+
+
+@functools.lru_cache(maxsize=8192)  # every member of a group carries the same string
+def _parse_selected_devices(raw: str | None) -> tuple[tuple[str, tuple[str, ...]], ...] | None:
+    parsed = _decode_selected_devices(raw)
+    return None if parsed is None else tuple((r, tuple(ids)) for r, ids in parsed.items())
+
+
+def _decode_selected_devices(raw: str | None) -> dict[str, list[str]] | None:
     if not raw:
         return None
     try:
@@ -165,12 +177,19 @@ class ClusterState:
         self.pods: dict[PodKey, PodRecord] = {}
         self.groups: dict[GroupKey, GroupRecord] = {}
         self._members: dict[GroupKey, set[PodKey]] = {}
-        self._assumed: dict[PodKey, tuple[str, str]] = {}  # key -> (uid, node)
+        self._assumed: dict[PodKey, PodRecord] = {}  # what we wrote, until a watch event shows the binding
 
-    def assume(self, pod: PodRecord, node: str) -> PodRecord:
-        bound = dataclasses.replace(pod, node_name=node)
+    def assume(self, pod: PodRecord, node: str, annotations: Mapping[str, str]) -> PodRecord:
+        """``pod`` was annotated with ``annotations`` and bound to ``node`` by us just now."""
+        prefix = names.POD_ENV_ANNOTATION_PREFIX
+        bound = dataclasses.replace(
+            pod,
+            node_name=node,
+            selected_devices=annotations.get(names.POD_SELECTED_DEVICES_ANNOTATION),
+            env_annotations={k[len(prefix):]: v for k, v in annotations.items() if k.startswith(prefix)},
+        )
         self.upsert_pod(bound)
-        self._assumed[pod.key] = (pod.uid, node)  # after the upsert, which clears assumptions it confirms
+        self._assumed[pod.key] = bound  # after the upsert, which clears assumptions it confirms
         return bound
 
     def upsert_group(self, group: GroupRecord) -> bool:
@@ -184,10 +203,15 @@ class ClusterState:
     def upsert_pod(self, pod: PodRecord) -> PodRecord | None:
         assumed = self._assumed.get(pod.key)
         if assumed is not None:
-            if assumed[0] != pod.uid or pod.node_name:
+            if assumed.uid != pod.uid or pod.node_name:
                 del self._assumed[pod.key]
-            else:
-                pod = dataclasses.replace(pod, node_name=assumed[1])
+            else:  # an event from before our writes landed: keep what we know we wrote
+                pod = dataclasses.replace(
+                    pod,
+                    node_name=assumed.node_name,
+                    selected_devices=assumed.selected_devices,
+                    env_annotations=assumed.env_annotations,
+                )
         old = self.pods.get(pod.key)
         if old is not None and old.group_key != pod.group_key and old.group_key is not None:
             self._members.get(old.group_key, set()).discard(pod.key)
