@@ -152,6 +152,11 @@ class GroupReconciler:
         gkey = group.key
         allocation = ctx.ledger.allocation(gkey)
         live = ctx.state.live_members(gkey)
+        if (
+            allocation is None and not group.status.conditions and gkey not in ctx.unschedulable
+            and not group.deleting and any(not p.node_name for p in live)
+        ):
+            return  # a brand-new group whose pod is being placed: the placement writes its first status
         conditions = statuses.wire_conditions(group.status.conditions)
         gen = group.generation
 
