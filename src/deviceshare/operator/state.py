@@ -76,12 +76,19 @@ def pod_record(body: Mapping[str, Any]) -> PodRecord:
         resource_version=str(meta.get("resourceVersion", "")),
         selected_devices=annotations.get(names.POD_SELECTED_DEVICES_ANNOTATION),
         env_annotations={k[len(prefix):]: v for k, v in annotations.items() if k.startswith(prefix)},
-        demand=inventory.pod_demand(body),
+        demand=_demand(body),
         scheduled_condition=(
             (scheduled.get("status", ""), scheduled.get("reason", ""), scheduled.get("message", ""))
             if scheduled else None
         ),
     )
+
+
+def _demand(body: Mapping[str, Any]) -> inventory.PodDemand:
+    try:
+        return inventory.pod_demand(body)
+    except ValueError:  # a quantity the API server would have refused: count it as nothing
+        return inventory.PodDemand()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
