@@ -1,0 +1,88 @@
+"""Kill the operator at each step of a placement, restart it, and find nothing leaked, half-bound or doubled.
+
+The write order (scheduler.py) is: reserve in memory, group status, pod annotations, binding. Each
+step is held open with an injected delay on its request; the operator is killed (every task cancelled
+at once, no cleanup) while that request is in flight. The request still lands, as one sent by a dying
+process does. A fresh operator then rebuilds from the API and must finish the job on the same node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from deviceshare.api import names
+from tests.operator.conftest import operator_config, start_operator
+from tests.reliability import invariants, workload
+from tests.reliability.conftest import Watchdog, kill
+
+NS = "crash"
+# step -> (method, path of the request held open when the operator dies)
+STEPS = {
+    "after-reserve": ("PATCH", rf"/namespaces/{NS}/{names.PLURAL}/victim/status$"),
+    "after-status-write": ("PATCH", rf"/namespaces/{NS}/pods/victim-0$"),
+    "after-pod-annotation": ("POST", rf"/namespaces/{NS}/pods/victim-0/binding$"),
+    "after-binding": ("POST", rf"/namespaces/{NS}/events$"),
+}
+HOLD = 0.5
+
+
+@pytest.fixture
+def sandbox_options() -> dict[str, object]:
+    return {"nodes": 1, "gpus": 4}
+
+
+@pytest.mark.parametrize("step", list(STEPS))
+async def test_a_crash_at_each_step_leaves_no_leak_and_no_double(
+    cluster: Any, watchdog: Watchdog, step: str
+) -> None:
+    workload.ensure_namespace(cluster, NS)
+    method, path = STEPS[step]
+    fault = cluster.inject_fault(method, path, delay=HOLD)
+    cluster.create(workload.group_body(NS, "victim", {workload.GPU: 2}))
+    cluster.create(workload.pod_body(NS, "victim-0", "victim"))
+
+    first = await start_operator(operator_config(cluster))
+    await workload.until(lambda: fault.fired, f"the operator to reach {step}", 10, 0.005)
+    await kill(first)
+    await asyncio.sleep(HOLD + 0.2)  # the dead operator's last request lands
+    watchdog.check()
+
+    # Meanwhile more demand arrives: exactly one more 2-GPU group fits on the node, a 1-GPU group does not.
+    cluster.create(workload.group_body(NS, "rival", {workload.GPU: 2}))
+    cluster.create(workload.pod_body(NS, "rival-0", "rival"))
+    second = await start_operator(operator_config(cluster))
+    try:
+        cluster.create(workload.pod_body(NS, "victim-1", "victim"))
+        for pod in ("victim-0", "victim-1", "rival-0"):
+            await workload.until(
+                lambda pod=pod: (cluster.get("pods", pod, NS) or {}).get("spec", {}).get("nodeName"), f"{pod} bound"
+            )
+        cluster.create(workload.group_body(NS, "third", {workload.GPU: 1}))
+        cluster.create(workload.pod_body(NS, "third-0", "third"))
+        await workload.until(
+            lambda: any(
+                c.get("reason") == "Unschedulable"
+                for c in (cluster.get("pods", "third-0", NS) or {}).get("status", {}).get("conditions") or []
+            ),
+            "third-0 refused: the node is full",
+        )
+        await workload.until(
+            lambda: not invariants.half_bound(invariants.from_sandbox(cluster)), "members and group statuses agree"
+        )
+        snap = invariants.from_sandbox(cluster)
+        invariants.assert_no_double_allocation(snap)
+        held = list(invariants.held_devices(snap))
+        assert len(held) == 4, held  # victim's 2 and rival's 2: nothing leaked to a ghost claim
+        assert (cluster.get(names.PLURAL, "third", NS).get("status") or {}).get("allocatedDevices") is None
+
+        # Deleting everything returns every device: no claim outlives its group.
+        for pod in ("victim-0", "victim-1", "rival-0", "third-0"):
+            cluster.delete("pods", pod, NS)
+        for group in ("victim", "rival", "third"):
+            cluster.delete(names.PLURAL, group, NS)
+        await workload.until(lambda: not cluster.list(names.PLURAL, NS), "groups released and gone")
+    finally:
+        await kill(second)
