@@ -4,43 +4,121 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+import kopf
 import pytest
 
-from tests.operator.conftest import RunningOperator, cluster, kube, sandbox_options
+from deviceshare.operator.command import run_operator
+from deviceshare.operator.config import OperatorConfig
+from tests.operator.conftest import cluster, kube, sandbox_options
 from tests.reliability import invariants
 
 __all__ = ["cluster", "kube", "sandbox_options"]
 
-_OPERATOR_CODE = ("/kopf/", "/deviceshare/operator/")
+class Replica:
+    """One operator in a thread with its own event loop: as separate as a process, and as killable.
 
-
-def _operator_owned(task: asyncio.Task[Any]) -> bool:
-    coro = task.get_coro()
-    code = getattr(coro, "cr_code", None) or getattr(coro, "gi_code", None)
-    return code is not None and any(part in code.co_filename for part in _OPERATOR_CODE)
-
-
-async def kill(running: RunningOperator, *, spare: set[asyncio.Task[Any]] | None = None) -> None:
-    """Die like a killed process: every task of the operator cancelled in the same tick, no cleanup awaited.
-
-    Cancelling only Kopf's task would let Kopf run its cleanup handlers (a graceful stop), and the
-    runtime's own workers are not Kopf's children, so they are cancelled too.
+    Kopf, when its task is cancelled, cancels every task created in the loop after it started (see
+    ``kopf._core.reactor.running.run_tasks``), so two operators in one loop cannot die one at a time.
     """
-    me = asyncio.current_task()
-    keep = spare or set()
-    victims = [t for t in asyncio.all_tasks() if t is not me and t not in keep and _operator_owned(t)]
-    victims.append(running.task)
-    for t in victims:
-        t.cancel()
-    await asyncio.wait(victims, timeout=5)
-    # The sockets a dead process leaves behind are closed by its OS; ours by hand.
-    runtime = getattr(running.memo, "runtime", None)
-    if runtime is not None:
-        with contextlib.suppress(Exception):
+
+    def __init__(self, config: OperatorConfig) -> None:
+        self.config = config
+        self.memo = kopf.Memo()
+        self.loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._stop: asyncio.Event | None = None
+        self._thread = threading.Thread(target=self._main, name=f"operator-{config.identity}", daemon=True)
+
+    def _main(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        try:
+            self.loop.run_until_complete(self._serve())
+        except BaseException as e:
+            self._error = e
+        finally:
+            self._ready.set()
+            with contextlib.suppress(Exception):
+                self.loop.run_until_complete(self._close_sockets())
+            self.loop.close()
+
+    async def _serve(self) -> None:
+        self._stop, ready = asyncio.Event(), asyncio.Event()
+        task = asyncio.get_running_loop().create_task(
+            run_operator(self.config, stop_flag=self._stop, ready_flag=ready, memo=self.memo)
+        )
+        waiter = asyncio.get_running_loop().create_task(ready.wait())
+        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        self._ready.set()
+        waiter.cancel()
+        await task
+
+    async def _close_sockets(self) -> None:
+        # What the OS does for a dead process.
+        runtime = getattr(self.memo, "runtime", None)
+        if runtime is not None:
             await runtime.ctx.api.close()
+
+    async def start(self) -> Replica:
+        self._thread.start()
+        deadline = time.monotonic() + 15
+        while not self._ready.is_set():
+            if time.monotonic() > deadline:
+                raise TimeoutError("operator did not become ready in 15 s")
+            await asyncio.sleep(0.01)
+        if not self._thread.is_alive() or self._error is not None:
+            raise RuntimeError(f"operator exited during start-up: {self._error!r}")
+        return self
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    @property
+    def runtime(self) -> Any:
+        return getattr(self.memo, "runtime", None)
+
+    async def _join(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while self._thread.is_alive() and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        assert not self._thread.is_alive(), "the operator thread did not end"
+
+    async def kill(self) -> None:
+        """Die like a killed process: every task cancelled in the same tick, no cleanup handlers run."""
+        if not self.alive:
+            return
+
+        def cancel_everything() -> None:
+            # Again and again: whatever the dying code spawns or shields is cut too, as by SIGKILL.
+            tasks = asyncio.all_tasks(self.loop)
+            for t in tasks:
+                t.cancel()
+            if tasks:
+                self.loop.call_later(0.02, cancel_everything)
+
+        with contextlib.suppress(RuntimeError):  # the loop already closed
+            self.loop.call_soon_threadsafe(cancel_everything)
+        await self._join(10)
+
+    async def stop(self) -> None:
+        """The graceful stop (SIGTERM): Kopf runs the cleanup handlers."""
+        if self.alive and self._stop is not None:
+            self.loop.call_soon_threadsafe(self._stop.set)
+        await self._join(20)
+
+
+async def launch(config: OperatorConfig) -> Replica:
+    return await Replica(config).start()
+
+
+async def kill(replica: Replica) -> None:
+    await replica.kill()
 
 
 class Watchdog:

@@ -128,10 +128,10 @@ def violations(snapshot: Snapshot) -> list[str]:
         if len(groups) > 1:
             found.append(f"{node} {resource} device {device} held by {len(groups)} groups: {sorted(groups.values())}")
         offered = capacity.get(node, {}).get(resource)
-        if offered is None or device not in offered:
-            # A node that vanished is not a breach for claims of pods still shown on it; an unknown ID is.
-            if node in capacity:
-                found.append(f"{node} {resource} device {device!r} is not offered by the node ({sorted(groups.values())})")
+        # A node that vanished is not a breach for claims of pods still shown on it; an unknown ID is.
+        if node in capacity and (offered is None or device not in offered):
+            holders_text = sorted(groups.values())
+            found.append(f"{node} {resource} device {device!r} is not offered by the node ({holders_text})")
         per_slot.setdefault((node, resource), set()).add(device)
     for (node, resource), ids in sorted(per_slot.items()):
         cap = len(capacity.get(node, {}).get(resource, ()))

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from deviceshare.api import names
-from tests.operator.conftest import operator_config, start_operator
+from tests.operator.conftest import operator_config
 from tests.reliability import workload
-from tests.reliability.conftest import Watchdog, kill
+from tests.reliability.conftest import Watchdog, kill, launch
 
 NS = "faults"
 GROUP_STATUS = rf"/namespaces/{NS}/{names.PLURAL}/[^/]+/status$"
@@ -87,7 +87,7 @@ async def test_the_operator_recovers_from_api_faults_and_loses_no_pod(
     cluster: Any, watchdog: Watchdog, fault: str
 ) -> None:
     workload.ensure_namespace(cluster, NS)
-    running = await start_operator(operator_config(cluster))
+    running = await launch(operator_config(cluster))
     try:
         cluster.create(workload.group_body(NS, "warm"))
         cluster.create(workload.pod_body(NS, "warm-0", "warm"))
@@ -100,7 +100,7 @@ async def test_the_operator_recovers_from_api_faults_and_loses_no_pod(
                 cluster.create(workload.pod_body(NS, f"g{g}-{p}", f"g{g}"))
         # All 7 pods bound well within Kopf's watch timeouts (300 s server, 330 s client).
         await workload.until(lambda: len(workload.bound_pods(cluster, NS)) == 7, "every pod bound", 20)
-        assert not running.task.done(), "the operator exited"
+        assert running.alive, "the operator exited"
         for g in range(3):
             pods = [cluster.get("pods", f"g{g}-{p}", NS) for p in range(2)]
             assert pods[0]["spec"]["nodeName"] == pods[1]["spec"]["nodeName"]

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from deviceshare.api import names
-from tests.operator.conftest import operator_config, start_operator
+from tests.operator.conftest import operator_config
 from tests.reliability import invariants, workload
-from tests.reliability.conftest import Watchdog, kill
+from tests.reliability.conftest import Watchdog, kill, launch
 
 NS = "crash"
 # step -> (method, path of the request held open when the operator dies)
@@ -44,7 +44,7 @@ async def test_a_crash_at_each_step_leaves_no_leak_and_no_double(
     cluster.create(workload.group_body(NS, "victim", {workload.GPU: 2}))
     cluster.create(workload.pod_body(NS, "victim-0", "victim"))
 
-    first = await start_operator(operator_config(cluster))
+    first = await launch(operator_config(cluster))
     await workload.until(lambda: fault.fired, f"the operator to reach {step}", 10, 0.005)
     await kill(first)
     await asyncio.sleep(HOLD + 0.2)  # the dead operator's last request lands
@@ -53,7 +53,7 @@ async def test_a_crash_at_each_step_leaves_no_leak_and_no_double(
     # Meanwhile more demand arrives: exactly one more 2-GPU group fits on the node, a 1-GPU group does not.
     cluster.create(workload.group_body(NS, "rival", {workload.GPU: 2}))
     cluster.create(workload.pod_body(NS, "rival-0", "rival"))
-    second = await start_operator(operator_config(cluster))
+    second = await launch(operator_config(cluster))
     try:
         cluster.create(workload.pod_body(NS, "victim-1", "victim"))
         for pod in ("victim-0", "victim-1", "rival-0"):

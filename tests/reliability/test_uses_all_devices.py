@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from tests.operator.conftest import operator_config, start_operator
+from tests.operator.conftest import operator_config
 from tests.reliability import invariants, workload
-from tests.reliability.conftest import kill
+from tests.reliability.conftest import kill, launch
 
 DEVICES = 100
 # The bounded form (make test) uses one node; the soak form four.
@@ -36,7 +36,7 @@ async def test_every_device_is_used_once_when_demand_equals_capacity(
         cluster.create(workload.group_body("dra", f"claim-{i}"))
         cluster.create(workload.pod_body("dra", f"pod-{i}", f"claim-{i}"))
 
-    running = await start_operator(operator_config(cluster))
+    running = await launch(operator_config(cluster))
     try:
         await workload.until(lambda: len(workload.bound_pods(cluster, "dra")) == total, f"{total} pods bound", 120)
         # One more group cannot fit anywhere: it must stay pending, not squeeze onto a held device.
