@@ -86,3 +86,40 @@ async def test_a_crash_at_each_step_leaves_no_leak_and_no_double(
         await workload.until(lambda: not cluster.list(names.PLURAL, NS), "groups released and gone")
     finally:
         await kill(second)
+
+
+async def test_a_dead_operators_late_status_write_never_shows_a_device_twice(
+    cluster: Any, watchdog: Watchdog
+) -> None:
+    """The status write of a killed operator lands after its successor has given the devices away.
+
+    A request sent just before the process died can reach the API server later (slow etcd, a proxy's
+    retry). Its resourceVersion precondition is on the victim group only, so it does not see that the
+    successor, which rebuilt before the write landed, has placed another group on the same devices.
+    """
+    workload.ensure_namespace(cluster, NS)
+    late = 1.5
+    cluster.create(workload.group_body(NS, "victim", {workload.GPU: 2}))
+    first = await launch(operator_config(cluster))
+    await workload.until(
+        lambda: (cluster.get(names.PLURAL, "victim", NS).get("status") or {}).get("phase") == "Pending",
+        "the victim's status written as Pending",
+    )
+    fault = cluster.inject_fault("PATCH", STEPS["after-reserve"][1], delay=late)
+    cluster.create(workload.pod_body(NS, "victim-0", "victim"))
+    await workload.until(lambda: fault.fired, "the victim's status write in flight", 10, 0.005)
+    await kill(first)
+    cluster.delete("pods", "victim-0", NS)  # nobody waits for the victim any more
+
+    cluster.create(workload.group_body(NS, "rival", {workload.GPU: 4}))
+    cluster.create(workload.pod_body(NS, "rival-0", "rival"))
+    second = await launch(operator_config(cluster))
+    try:
+        await workload.until(lambda: workload.bound_pods(cluster, NS), "rival-0 bound on the whole node")
+        await asyncio.sleep(late)  # the dead operator's write lands now
+        watchdog.interval = 0.002
+        await asyncio.sleep(1.0)
+        snap = invariants.from_sandbox(cluster)
+        invariants.assert_no_double_allocation(snap)
+    finally:
+        await kill(second)
