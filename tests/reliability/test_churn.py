@@ -14,7 +14,7 @@ import os
 import random
 from typing import Any
 
-import psutil
+import psutil  # type: ignore[import-untyped]
 import pytest
 
 from deviceshare.api import names

@@ -34,6 +34,11 @@ def sandbox_options() -> dict[str, object]:
     return {"nodes": 1, "gpus": 4}
 
 
+def node_of(cluster: Any, pod: str) -> str | None:
+    node: str | None = ((cluster.get("pods", pod, NS) or {}).get("spec") or {}).get("nodeName")
+    return node
+
+
 @pytest.mark.parametrize("step", list(STEPS))
 async def test_a_crash_at_each_step_leaves_no_leak_and_no_double(
     cluster: Any, watchdog: Watchdog, step: str
@@ -57,9 +62,7 @@ async def test_a_crash_at_each_step_leaves_no_leak_and_no_double(
     try:
         cluster.create(workload.pod_body(NS, "victim-1", "victim"))
         for pod in ("victim-0", "victim-1", "rival-0"):
-            await workload.until(
-                lambda pod=pod: (cluster.get("pods", pod, NS) or {}).get("spec", {}).get("nodeName"), f"{pod} bound"
-            )
+            await workload.until(lambda: node_of(cluster, pod), f"{pod} bound")  # noqa: B023 - awaited at once
         cluster.create(workload.group_body(NS, "third", {workload.GPU: 1}))
         cluster.create(workload.pod_body(NS, "third-0", "third"))
         await workload.until(

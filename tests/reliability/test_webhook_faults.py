@@ -1,0 +1,110 @@
+"""Webhook faults: the webhook down, and its certificate (and CA) rotated while pods are being created.
+
+Down: group pods are refused with a message naming the webhook (failurePolicy Fail), while pods
+without the group annotation, and every pod in excluded namespaces, are created as usual. Rotation,
+done the way cert-manager and its CA injector do it (both CAs in caBundle, swap the key pair, drop
+the old CA): no pod creation fails and every group pod is still mutated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from deviceshare.api import names
+from deviceshare.webhooks import certs, configuration, server
+from tests.operator.kube import Kube
+from tests.reliability import workload
+
+
+@pytest.fixture
+def sandbox_options() -> dict[str, object]:
+    return {"nodes": 1, "gpus": 4}
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    return port
+
+
+async def test_webhook_down_refuses_group_pods_clearly_and_spares_everything_else(
+    cluster: Any, kube: Kube
+) -> None:
+    bundle = certs.generate(["127.0.0.1"])
+    cluster.create(configuration.build(ca_bundle=bundle.ca_pem, url=f"https://127.0.0.1:{closed_port()}",
+                                       timeout_seconds=1))
+    await kube.create_group("team", "g")
+    with pytest.raises(ApiException) as refused:
+        await kube.create_pod("team", "member", "g", scheduler="default-scheduler")
+    assert refused.value.status >= 400
+    message = json.loads(str(refused.value.reason))["message"]
+    assert f'failed calling webhook "{configuration.WEBHOOK_NAME}"' in message, message
+
+    await kube.create_pod("team", "plain", None, scheduler="default-scheduler")  # not opted in
+    await kube.create_pod("kube-system", "system", "g", scheduler="default-scheduler")  # excluded namespace
+    assert cluster.get("pods", "plain", "team") is not None
+    assert cluster.get("pods", "system", "kube-system") is not None
+    assert cluster.get("pods", "member", "team") is None
+
+
+async def test_certificate_rotation_under_load_loses_no_pod(cluster: Any, kube: Kube, tmp_path: Path) -> None:
+    old, new = certs.generate(["127.0.0.1"]), certs.generate(["127.0.0.1"])
+    _, cert, key = old.write(tmp_path / "tls")
+    await kube.create_group("load", "g")  # known to the webhook's cache from its first list
+    hook = await server.start_webhook(tls_cert=cert, tls_key=key, kubeconfig=str(cluster.kubeconfig),
+                                      reload_interval_s=0.05)
+    try:
+        cluster.create(configuration.build(ca_bundle=old.ca_pem, url=hook.url))
+        assert hook.index is not None
+        await workload.until(lambda: hook.index is not None and hook.index.synced, "the webhook's group cache")
+        created: list[str] = []
+        failures: list[str] = []
+
+        async def create(i: int) -> None:
+            try:
+                await kube.create_pod("load", f"p{i}", "g", scheduler="default-scheduler")
+                created.append(f"p{i}")
+            except ApiException as e:
+                failures.append(f"p{i}: {e.status} {e.reason}")
+
+        async def load(first: int, count: int) -> None:
+            for batch in range(first, first + count, 10):
+                await asyncio.gather(*(create(i) for i in range(batch, batch + 10)))
+
+        def set_ca_bundle(pem: bytes) -> None:
+            cluster.patch("mutatingwebhookconfigurations", configuration.DEFAULT_NAME,
+                          {"webhooks": [{**cluster.get("mutatingwebhookconfigurations", configuration.DEFAULT_NAME)[
+                              "webhooks"][0], "clientConfig": {"url": hook.mutate_url,
+                                                               "caBundle": base64.b64encode(pem).decode()}}]})
+
+        # Each step waits for admission calls that read the previous configuration to finish, as a
+        # rotation in a cluster waits for the CA bundle to propagate to every API server.
+        propagation = 0.3
+        traffic = asyncio.get_running_loop().create_task(load(0, 120))
+        await asyncio.sleep(0.1)
+        set_ca_bundle(old.ca_pem + new.ca_pem)  # trust both while the key pair is swapped
+        await asyncio.sleep(propagation)
+        new.write(tmp_path / "tls")
+        await workload.until(lambda: hook.reloader.generation >= 2, "the new certificate loaded")
+        await asyncio.sleep(propagation)
+        set_ca_bundle(new.ca_pem)
+        assert not traffic.done(), "the rotation must happen under load: make the load longer"
+        await traffic
+        await load(1000, 20)  # after the old CA is gone
+
+        assert failures == []
+        assert len(created) == 140
+        for name in created:
+            pod = cluster.get("pods", name, "load")
+            assert pod["spec"]["schedulerName"] == names.DEFAULT_SCHEDULER_NAME, name  # mutated
+    finally:
+        await hook.stop()
