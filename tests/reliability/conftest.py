@@ -33,6 +33,7 @@ class Replica:
         self._ready = threading.Event()
         self._error: BaseException | None = None
         self._stop: asyncio.Event | None = None
+        self._dead = False
         self._thread = threading.Thread(target=self._main, name=f"operator-{config.identity}", daemon=True)
 
     def _main(self) -> None:
@@ -42,8 +43,9 @@ class Replica:
         except BaseException as e:
             self._error = e
         finally:
+            self._dead = True
             self._ready.set()
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception, asyncio.CancelledError):
                 self.loop.run_until_complete(self._close_sockets())
             self.loop.close()
 
@@ -99,7 +101,7 @@ class Replica:
             tasks = asyncio.all_tasks(self.loop)
             for t in tasks:
                 t.cancel()
-            if tasks:
+            if tasks and not self._dead:
                 self.loop.call_later(0.02, cancel_everything)
 
         with contextlib.suppress(RuntimeError):  # the loop already closed

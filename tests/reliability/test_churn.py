@@ -76,7 +76,7 @@ async def actor(cluster: Any, index: int, until: float, seed: int, tally: Tally)
                 delete_pod(cluster, pod, tally)
             else:
                 delete_pod(cluster, pods.pop(rng.randrange(len(pods))), tally)
-            await asyncio.sleep(rng.uniform(0.1, 0.6))
+            await asyncio.sleep(rng.uniform(0.2, 1.2))
         # Sometimes the group goes first and waits (Releasing) for its members; sometimes the reverse.
         if rng.random() < 0.5:
             cluster.delete(names.PLURAL, group, NS)
@@ -87,6 +87,13 @@ async def actor(cluster: Any, index: int, until: float, seed: int, tally: Tally)
                 delete_pod(cluster, pod, tally)
             cluster.delete(names.PLURAL, group, NS)
         tally.deleted_groups += 1
+
+
+def expire_events(cluster: Any) -> None:
+    """The API server drops events after an hour (--event-ttl); the sandbox keeps them, so churn drops them."""
+    for event in cluster.list("events", NS):
+        with contextlib.suppress(errors.ApiError):
+            cluster.delete("events", event["metadata"]["name"], NS)
 
 
 async def operator_footprint(replica: Replica) -> tuple[float, int]:
@@ -115,6 +122,7 @@ async def churn(cluster: Any, seconds: float, actors: int, seed: int) -> tuple[l
         samples: list[tuple[float, float, int]] = []
         while not all(w.done() for w in workers):
             await asyncio.sleep(min(60.0, max(1.0, seconds / 10)))
+            expire_events(cluster)
             rss, tasks = await operator_footprint(replica)
             samples.append((loop.time() - start, rss, tasks))
             assert replica.alive, "the operator exited during churn"
@@ -148,6 +156,8 @@ async def churn(cluster: Any, seconds: float, actors: int, seed: int) -> tuple[l
     finally:
         await kill(replica)
         await watchdog.stop()
+        report.append(f"watchdog: {watchdog.checks} checks, {len(watchdog.found)} violations")
+        print("\n" + "\n".join(report))  # shown with -s (make soak), whatever the outcome
     assert not watchdog.found, "double allocation seen during churn:\n" + "\n".join(watchdog.found)
     return report, watchdog
 
@@ -164,7 +174,7 @@ RELEASE_RACE = pytest.mark.xfail(
 @RELEASE_RACE
 @pytest.mark.parametrize("seed", [1, 2])
 async def test_churn_never_double_allocates(cluster: Any, seed: int) -> None:
-    report, watchdog = await churn(cluster, seconds=4.0, actors=10, seed=seed)
+    report, watchdog = await churn(cluster, seconds=5.0, actors=8, seed=seed)
     assert watchdog.checks > 50, report
 
 
@@ -172,6 +182,5 @@ async def test_churn_never_double_allocates(cluster: Any, seed: int) -> None:
 @pytest.mark.slow
 async def test_soak_churn(cluster: Any, capsys: pytest.CaptureFixture[str]) -> None:
     seconds = float(os.environ.get("DEVICESHARE_SOAK_SECONDS", "1800"))
-    report, _ = await churn(cluster, seconds=seconds, actors=24, seed=int(os.environ.get("SEED", "7")))
     with capsys.disabled():
-        print("\n" + "\n".join(report))
+        await churn(cluster, seconds=seconds, actors=12, seed=int(os.environ.get("SEED", "7")))
