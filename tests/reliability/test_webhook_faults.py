@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from deviceshare.api import names
@@ -106,5 +108,69 @@ async def test_certificate_rotation_under_load_loses_no_pod(cluster: Any, kube: 
         for name in created:
             pod = cluster.get("pods", name, "load")
             assert pod["spec"]["schedulerName"] == names.DEFAULT_SCHEDULER_NAME, name  # mutated
+    finally:
+        await hook.stop()
+
+
+group_refs = st.sampled_from(["g", "g", "missing", "", "  ", "UPPER", "a" * 300, "g/../x", "limited"])
+pods = st.fixed_dictionaries(
+    {"group": st.one_of(st.none(), group_refs)},
+    optional={
+        "nodeName": st.sampled_from(["gpu-node-0", ""]),
+        "schedulerName": st.sampled_from(["default-scheduler", names.DEFAULT_SCHEDULER_NAME, "other"]),
+        "env": st.lists(st.sampled_from(["NVIDIA_VISIBLE_DEVICES", "OTHER"]), max_size=2),
+        "forged": st.sampled_from(['{"nvidia.com/gpu": "0,1,2,3"}', "junk"]),
+        "init": st.booleans(),
+    },
+)
+
+
+async def test_generated_pods_are_mutated_or_denied_with_a_message_never_an_error(
+    cluster: Any, kube: Kube, tmp_path: Path
+) -> None:
+    bundle = certs.generate(["127.0.0.1"])
+    _, cert, key = bundle.write(tmp_path / "tls")
+    await kube.create_group("gen", "g")
+    await kube.create_group("gen", "limited", maxMembers=1)
+    hook = await server.start_webhook(tls_cert=cert, tls_key=key, kubeconfig=str(cluster.kubeconfig))
+    examples: list[dict[str, Any]] = []
+
+    @settings(max_examples=20, database=None, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(pod=pods)
+    def collect(pod: dict[str, Any]) -> None:
+        examples.append(pod)
+
+    try:
+        cluster.create(configuration.build(ca_bundle=bundle.ca_pem, url=hook.url))
+        await workload.until(lambda: hook.index is not None and hook.index.synced, "the webhook's group cache")
+        collect()
+        outcomes: dict[str, int] = {}
+        for i, ex in enumerate(examples):
+            container: dict[str, Any] = {"name": "main", "image": "busybox",
+                                         "env": [{"name": n, "value": "x"} for n in ex.get("env", [])]}
+            annotations = {} if ex["group"] is None else {names.POD_GROUP_ANNOTATION: ex["group"]}
+            if "forged" in ex:
+                annotations[names.POD_SELECTED_DEVICES_ANNOTATION] = ex["forged"]
+            spec: dict[str, Any] = {"containers": [container]}
+            for field in ("nodeName", "schedulerName"):
+                if ex.get(field):
+                    spec[field] = ex[field]
+            if ex.get("init"):
+                spec["initContainers"] = [{"name": "init", "image": "busybox"}]
+            body = {"apiVersion": "v1", "kind": "Pod",
+                    "metadata": {"name": f"p{i}", "namespace": "gen", "annotations": annotations}, "spec": spec}
+            try:
+                created = await kube._json(kube.core.create_namespaced_pod("gen", body, _preload_content=False))
+            except ApiException as e:
+                assert e.status in (403, 422, 503), f"{ex}: {e.status} {e.reason}"
+                message = json.loads(str(e.reason))["message"]
+                assert "admission webhook" in message and "denied the request" in message, message
+                outcomes["denied"] = outcomes.get("denied", 0) + 1
+                continue
+            if ex["group"] in ("g", "limited"):  # opted in and accepted: placed by deviceshare
+                assert created["spec"]["schedulerName"] == names.DEFAULT_SCHEDULER_NAME, ex
+                assert created["metadata"]["labels"][names.POD_GROUP_LABEL] == ex["group"], ex
+            outcomes["allowed"] = outcomes.get("allowed", 0) + 1
+        assert outcomes.get("denied") and outcomes.get("allowed"), outcomes
     finally:
         await hook.stop()
