@@ -157,7 +157,7 @@ async def test_generated_pods_are_mutated_or_denied_with_a_message_never_an_erro
                     spec[field] = ex[field]
             if ex.get("init"):
                 spec["initContainers"] = [{"name": "init", "image": "busybox"}]
-            body = {"apiVersion": "v1", "kind": "Pod",
+            body: Any = {"apiVersion": "v1", "kind": "Pod",
                     "metadata": {"name": f"p{i}", "namespace": "gen", "annotations": annotations}, "spec": spec}
             try:
                 created = await kube._json(kube.core.create_namespaced_pod("gen", body, _preload_content=False))
