@@ -1,0 +1,187 @@
+"""Churn: groups and pods created, completed and deleted concurrently, the invariant checked all along.
+
+The bounded form runs in ``make test``; the soak form (``make soak``, ``-m slow``) runs the same
+workload for ``DEVICESHARE_SOAK_SECONDS`` (default 1800) and reports the operator's RSS and asyncio
+task count over time, failing if either keeps growing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import os
+import random
+from typing import Any
+
+import psutil  # type: ignore[import-untyped]
+import pytest
+
+from deviceshare.api import names
+from deviceshare.sandbox import errors
+from tests.operator.conftest import operator_config
+from tests.reliability import invariants, workload
+from tests.reliability.conftest import Replica, Watchdog, kill, launch
+
+NS = "churn"
+
+
+@pytest.fixture
+def sandbox_options() -> dict[str, object]:
+    return {"nodes": 3, "gpus": 8}
+
+
+@dataclasses.dataclass
+class Tally:
+    groups: int = 0
+    pods: int = 0
+    completed: int = 0
+    bound_at_delete: int = 0
+    deleted_groups: int = 0
+
+
+def delete_pod(cluster: Any, pod: str, tally: Tally) -> None:
+    with contextlib.suppress(errors.ApiError):
+        if (cluster.get("pods", pod, NS) or {}).get("spec", {}).get("nodeName"):
+            tally.bound_at_delete += 1
+        cluster.delete("pods", pod, NS)
+
+
+async def actor(cluster: Any, index: int, until: float, seed: int, tally: Tally) -> None:
+    """One tenant: a group, a few members that come and go, then the group goes; again and again."""
+    rng = random.Random(seed * 1000 + index)
+    loop = asyncio.get_running_loop()
+    round_ = 0
+    while loop.time() < until:
+        group = f"a{index}-r{round_}"
+        round_ += 1
+        cluster.create(workload.group_body(NS, group, {workload.GPU: rng.choice((1, 1, 2, 3, 4))}))
+        tally.groups += 1
+        pods: list[str] = []
+        for step in range(rng.randint(2, 6)):
+            if loop.time() >= until:
+                break
+            action = rng.random()
+            if action < 0.55 or not pods:
+                pod = f"{group}-{step}"
+                cluster.create(workload.pod_body(NS, pod, group))
+                pods.append(pod)
+                tally.pods += 1
+            elif action < 0.8:
+                pod = pods.pop(rng.randrange(len(pods)))
+                with contextlib.suppress(errors.ApiError):
+                    if (cluster.get("pods", pod, NS) or {}).get("spec", {}).get("nodeName"):
+                        cluster.complete_pod(NS, pod)
+                        tally.completed += 1
+                delete_pod(cluster, pod, tally)
+            else:
+                delete_pod(cluster, pods.pop(rng.randrange(len(pods))), tally)
+            await asyncio.sleep(rng.uniform(0.2, 1.2))
+        # Sometimes the group goes first and waits (Releasing) for its members; sometimes the reverse.
+        if rng.random() < 0.5:
+            cluster.delete(names.PLURAL, group, NS)
+            for pod in pods:
+                delete_pod(cluster, pod, tally)
+        else:
+            for pod in pods:
+                delete_pod(cluster, pod, tally)
+            cluster.delete(names.PLURAL, group, NS)
+        tally.deleted_groups += 1
+
+
+def expire_events(cluster: Any) -> None:
+    """The API server drops events after an hour (--event-ttl); the sandbox keeps them, so churn drops them."""
+    for event in cluster.list("events", NS):
+        with contextlib.suppress(errors.ApiError):
+            cluster.delete("events", event["metadata"]["name"], NS)
+
+
+async def operator_footprint(replica: Replica) -> tuple[float, int]:
+    """(process RSS in MiB, tasks in the operator's loop)."""
+
+    async def count() -> int:
+        return len(asyncio.all_tasks())
+
+    tasks = await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(count(), replica.loop))
+    return psutil.Process().memory_info().rss / 2**20, tasks
+
+
+async def churn(cluster: Any, seconds: float, actors: int, seed: int) -> tuple[list[str], Watchdog]:
+    """Run the churn; its watchdog is asserted here (not in a fixture's teardown) so an xfail marker applies."""
+    workload.ensure_namespace(cluster, NS)
+    watchdog = Watchdog(cluster)
+    watchdog.start()
+    replica = await launch(operator_config(cluster))
+    report: list[str] = []
+    try:
+        tally = Tally()
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        until = start + seconds
+        workers = [loop.create_task(actor(cluster, i, until, seed, tally)) for i in range(actors)]
+        samples: list[tuple[float, float, int]] = []
+        while not all(w.done() for w in workers):
+            await asyncio.sleep(min(60.0, max(1.0, seconds / 10)))
+            expire_events(cluster)
+            rss, tasks = await operator_footprint(replica)
+            samples.append((loop.time() - start, rss, tasks))
+            assert replica.alive, "the operator exited during churn"
+        for w in workers:
+            w.result()
+        assert tally.bound_at_delete > 0, f"no member was ever bound: the churn tested nothing ({tally})"
+
+        # Quiet: everything deleted; every group must be released and gone, no finalizer left behind.
+        await workload.until(lambda: not cluster.list(names.PLURAL, NS), "every group released and gone", 30)
+        assert cluster.list("pods", NS) == []
+        rss, tasks = await operator_footprint(replica)
+        samples.append((loop.time() - start, rss, tasks))
+        report.append(
+            f"churn {seconds:.0f}s, {actors} actors: {tally.groups} groups, {tally.pods} pods, "
+            f"{tally.bound_at_delete} bound when deleted, {tally.completed} completed, "
+            f"{watchdog.checks} invariant checks, {len(watchdog.found)} violations"
+        )
+        report += [f"  t={t:7.1f}s  rss={r:7.1f} MiB  operator tasks={n}" for t, r, n in samples]
+
+        # A fresh set after the churn still gets every device on one node: nothing leaked in the ledger.
+        for node in range(3):
+            cluster.create(workload.group_body(NS, f"after-{node}", {workload.GPU: 8}))
+            cluster.create(workload.pod_body(NS, f"after-{node}", f"after-{node}"))
+        await workload.until(lambda: len(workload.bound_pods(cluster, NS)) == 3, "the whole cluster placeable again")
+        invariants.assert_no_double_allocation(invariants.from_sandbox(cluster))
+
+        if len(samples) >= 4:  # soak: neither memory nor tasks keep growing after the warm-up
+            warm = samples[len(samples) // 4]
+            assert samples[-1][2] <= warm[2] * 2 + 50, f"operator tasks grow: {samples}"
+            assert samples[-1][1] <= warm[1] * 1.5 + 64, f"RSS grows: {samples}"
+    finally:
+        await kill(replica)
+        await watchdog.stop()
+        report.append(f"watchdog: {watchdog.checks} checks, {len(watchdog.found)} violations")
+        print("\n" + "\n".join(report))  # shown with -s (make soak), whatever the outcome
+    assert not watchdog.found, "double allocation seen during churn:\n" + "\n".join(watchdog.found)
+    return report, watchdog
+
+
+# Not strict: churn hits the release-order race of test_release.py only some of the time, and a strict
+# xfail would then be flaky. Remove both markers once reconciler.py releases after the finalizer write.
+RELEASE_RACE = pytest.mark.xfail(
+    strict=False,
+    reason="bug: reconciler.py:53-56 frees a deleted group's devices in the ledger before its finalizer "
+    "removal lands, so a new group can be placed on devices the API still shows held (see test_release.py)",
+)
+
+
+@RELEASE_RACE
+@pytest.mark.parametrize("seed", [1, pytest.param(2, marks=pytest.mark.slow)])
+async def test_churn_never_double_allocates(cluster: Any, seed: int) -> None:
+    report, watchdog = await churn(cluster, seconds=5.0, actors=8, seed=seed)
+    assert watchdog.checks > 50, report
+
+
+@RELEASE_RACE
+@pytest.mark.slow
+@pytest.mark.timeout(3600)  # the suite's 180 s limit is for the bounded tests
+async def test_soak_churn(cluster: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    seconds = float(os.environ.get("DEVICESHARE_SOAK_SECONDS", "1800"))
+    with capsys.disabled():
+        await churn(cluster, seconds=seconds, actors=12, seed=int(os.environ.get("SEED", "7")))

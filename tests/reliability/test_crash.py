@@ -1,0 +1,128 @@
+"""Kill the operator at each step of a placement, restart it, and find nothing leaked, half-bound or doubled.
+
+The write order (scheduler.py) is: reserve in memory, group status, pod annotations, binding. Each
+step is held open with an injected delay on its request; the operator is killed (every task cancelled
+at once, no cleanup) while that request is in flight. The request still lands, as one sent by a dying
+process does. A fresh operator then rebuilds from the API and must finish the job on the same node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from deviceshare.api import names
+from tests.operator.conftest import operator_config
+from tests.reliability import invariants, workload
+from tests.reliability.conftest import Watchdog, kill, launch
+
+NS = "crash"
+# step -> (method, path of the request held open when the operator dies)
+STEPS = {
+    "after-reserve": ("PATCH", rf"/namespaces/{NS}/{names.PLURAL}/victim/status$"),
+    "after-status-write": ("PATCH", rf"/namespaces/{NS}/pods/victim-0$"),
+    "after-pod-annotation": ("POST", rf"/namespaces/{NS}/pods/victim-0/binding$"),
+    "after-binding": ("POST", rf"/namespaces/{NS}/events$"),
+}
+HOLD = 0.5
+
+
+@pytest.fixture
+def sandbox_options() -> dict[str, object]:
+    return {"nodes": 1, "gpus": 4}
+
+
+def node_of(cluster: Any, pod: str) -> str | None:
+    node: str | None = ((cluster.get("pods", pod, NS) or {}).get("spec") or {}).get("nodeName")
+    return node
+
+
+@pytest.mark.parametrize("step", list(STEPS))
+async def test_a_crash_at_each_step_leaves_no_leak_and_no_double(
+    cluster: Any, watchdog: Watchdog, step: str
+) -> None:
+    workload.ensure_namespace(cluster, NS)
+    method, path = STEPS[step]
+    fault = cluster.inject_fault(method, path, delay=HOLD)
+    cluster.create(workload.group_body(NS, "victim", {workload.GPU: 2}))
+    cluster.create(workload.pod_body(NS, "victim-0", "victim"))
+
+    first = await launch(operator_config(cluster))
+    await workload.until(lambda: fault.fired, f"the operator to reach {step}", 10, 0.005)
+    await kill(first)
+    await asyncio.sleep(HOLD + 0.2)  # the dead operator's last request lands
+    watchdog.check()
+
+    # Meanwhile more demand arrives: exactly one more 2-GPU group fits on the node, a 1-GPU group does not.
+    cluster.create(workload.group_body(NS, "rival", {workload.GPU: 2}))
+    cluster.create(workload.pod_body(NS, "rival-0", "rival"))
+    second = await launch(operator_config(cluster))
+    try:
+        cluster.create(workload.pod_body(NS, "victim-1", "victim"))
+        for pod in ("victim-0", "victim-1", "rival-0"):
+            await workload.until(lambda: node_of(cluster, pod), f"{pod} bound")  # noqa: B023 - awaited at once
+        cluster.create(workload.group_body(NS, "third", {workload.GPU: 1}))
+        cluster.create(workload.pod_body(NS, "third-0", "third"))
+        await workload.until(
+            lambda: any(
+                c.get("reason") == "Unschedulable"
+                for c in (cluster.get("pods", "third-0", NS) or {}).get("status", {}).get("conditions") or []
+            ),
+            "third-0 refused: the node is full",
+        )
+        await workload.until(
+            lambda: not invariants.half_bound(invariants.from_sandbox(cluster)), "members and group statuses agree"
+        )
+        snap = invariants.from_sandbox(cluster)
+        invariants.assert_no_double_allocation(snap)
+        held = list(invariants.held_devices(snap))
+        assert len(held) == 4, held  # victim's 2 and rival's 2: nothing leaked to a ghost claim
+        assert (cluster.get(names.PLURAL, "third", NS).get("status") or {}).get("allocatedDevices") is None
+
+        # Deleting everything returns every device: no claim outlives its group.
+        for pod in ("victim-0", "victim-1", "rival-0", "third-0"):
+            cluster.delete("pods", pod, NS)
+        for group in ("victim", "rival", "third"):
+            cluster.delete(names.PLURAL, group, NS)
+        await workload.until(lambda: not cluster.list(names.PLURAL, NS), "groups released and gone")
+    finally:
+        await kill(second)
+
+
+async def test_a_dead_operators_late_status_write_never_shows_a_device_twice(
+    cluster: Any, watchdog: Watchdog
+) -> None:
+    """The status write of a killed operator lands after its successor has given the devices away.
+
+    A request sent just before the process died can reach the API server later (slow etcd, a proxy's
+    retry). Its resourceVersion precondition is on the victim group only, so it does not see that the
+    successor, which rebuilt before the write landed, has placed another group on the same devices.
+    """
+    workload.ensure_namespace(cluster, NS)
+    late = 1.5
+    cluster.create(workload.group_body(NS, "victim", {workload.GPU: 2}))
+    first = await launch(operator_config(cluster))
+    await workload.until(
+        lambda: (cluster.get(names.PLURAL, "victim", NS).get("status") or {}).get("phase") == "Pending",
+        "the victim's status written as Pending",
+    )
+    fault = cluster.inject_fault("PATCH", STEPS["after-reserve"][1], delay=late)
+    cluster.create(workload.pod_body(NS, "victim-0", "victim"))
+    await workload.until(lambda: fault.fired, "the victim's status write in flight", 10, 0.005)
+    await kill(first)
+    cluster.delete("pods", "victim-0", NS)  # nobody waits for the victim any more
+
+    cluster.create(workload.group_body(NS, "rival", {workload.GPU: 4}))
+    cluster.create(workload.pod_body(NS, "rival-0", "rival"))
+    second = await launch(operator_config(cluster))
+    try:
+        await workload.until(lambda: workload.bound_pods(cluster, NS), "rival-0 bound on the whole node")
+        await asyncio.sleep(late)  # the dead operator's write lands now
+        watchdog.interval = 0.002
+        await asyncio.sleep(1.0)
+        snap = invariants.from_sandbox(cluster)
+        invariants.assert_no_double_allocation(snap)
+    finally:
+        await kill(second)

@@ -1,0 +1,78 @@
+"""The checker itself: it must flag every kind of breach it claims to, and nothing else."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from deviceshare.api import names
+from tests.reliability import invariants
+
+GPU = "nvidia.com/gpu"
+
+
+def node(name: str, gpus: int = 4, annotation: str | None = None) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name}
+    if annotation is not None:
+        meta["annotations"] = {names.NODE_DEVICES_ANNOTATION: annotation}
+    return {"metadata": meta, "status": {"allocatable": {GPU: str(gpus), "cpu": "8"}}}
+
+
+def group(name: str, node_name: str | None, ids: list[str] | None) -> dict[str, Any]:
+    status = {"nodeName": node_name, "allocatedDevices": {GPU: ids}} if ids else {}
+    return {"metadata": {"name": name, "namespace": "ns"}, "status": status}
+
+
+def pod(name: str, group_name: str, node_name: str | None, ids: str | None, phase: str = "Running") -> dict[str, Any]:
+    ann = {names.POD_GROUP_ANNOTATION: group_name}
+    if ids is not None:
+        ann[names.POD_SELECTED_DEVICES_ANNOTATION] = json.dumps({GPU: ids})
+    return {"metadata": {"name": name, "namespace": "ns", "annotations": ann},
+            "spec": {"nodeName": node_name}, "status": {"phase": phase}}
+
+
+CASES: dict[str, tuple[invariants.Snapshot, list[str]]] = {
+    "clean": (invariants.Snapshot([node("n")], [group("a", "n", ["0", "1"]), group("b", "n", ["2"])],
+                                  [pod("p", "a", "n", "0,1")]), []),
+    "two groups, one device": (invariants.Snapshot([node("n")], [group("a", "n", ["0", "1"]), group("b", "n", ["1"])],
+                                                   []), ["device 1 held by 2 groups"]),
+    "pod of one group on another's device": (
+        invariants.Snapshot([node("n")], [group("a", "n", ["0"]), group("b", "n", ["1"])], [pod("p", "b", "n", "0")]),
+        ["device 0 held by 2 groups"]),
+    "finished pods hold nothing": (
+        invariants.Snapshot([node("n")], [group("a", "n", ["0"])], [pod("p", "b", "n", "0", phase="Succeeded")]), []),
+    "unbound pods hold nothing": (
+        invariants.Snapshot([node("n")], [group("a", "n", ["0"])], [pod("p", "b", None, "0")]), []),
+    "an ID the node does not have": (
+        invariants.Snapshot([node("n", gpus=2)], [group("a", "n", ["0", "1", "2"])], []),
+        ["device '2' is not offered", "3 devices allocated, capacity 2"]),
+    "annotated IDs replace the count": (
+        invariants.Snapshot([node("n", annotation='{"nvidia.com/gpu": ["GPU-a", "GPU-b"]}')],
+                            [group("a", "n", ["GPU-a"]), group("b", "n", ["0"])], []),
+        ["device '0' is not offered"]),
+    "a malformed annotation offers nothing": (
+        invariants.Snapshot([node("n", annotation="{oops")], [group("a", "n", ["0"])], []),
+        ["device '0' is not offered", "1 devices allocated, capacity 0"]),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_checker_flags_exactly_the_breaches(case: str) -> None:
+    snapshot, expected = CASES[case]
+    found = invariants.violations(snapshot)
+    assert len(found) == len(expected), found
+    for line, fragment in zip(found, expected, strict=True):
+        assert fragment in line, (line, fragment)
+
+
+def test_half_bound_finds_members_that_disagree_with_their_group() -> None:
+    snap = invariants.Snapshot(
+        [node("n")],
+        [group("a", "n", ["0", "1"])],
+        [pod("ok", "a", "n", "0,1"), pod("other", "a", "n", "2,3"), pod("bare", "a", "n", None),
+         pod("orphan", "zzz", "n", "0")],
+    )
+    found = invariants.half_bound(snap)
+    assert [line.split()[1] for line in found] == ["ns/other", "ns/bare", "ns/orphan"]

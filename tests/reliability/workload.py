@@ -1,0 +1,60 @@
+"""Object bodies and waits shared by the reliability scenarios (written straight into the sandbox store)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from deviceshare.api import names
+
+GPU = "nvidia.com/gpu"
+
+
+def group_body(ns: str, name: str, resources: Mapping[str, int] | None = None, **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": names.API_VERSION,
+        "kind": names.KIND,
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"resources": dict(resources or {GPU: 1}), **spec},
+    }
+
+
+def pod_body(ns: str, name: str, group: str, *, cpu: str = "10m") -> dict[str, Any]:
+    """A member pod as the webhook would have left it (scheduler name and group label set)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": ns,
+            "annotations": {names.POD_GROUP_ANNOTATION: group},
+            "labels": {names.POD_GROUP_LABEL: group},
+        },
+        "spec": {
+            "schedulerName": names.DEFAULT_SCHEDULER_NAME,
+            "containers": [{"name": "main", "image": "busybox", "resources": {"requests": {"cpu": cpu}}}],
+        },
+    }
+
+
+def ensure_namespace(cluster: Any, ns: str) -> None:
+    if cluster.get("namespaces", ns) is None:
+        cluster.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+
+
+def bound_pods(cluster: Any, ns: str | None = None) -> list[dict[str, Any]]:
+    return [p for p in cluster.list("pods", ns) if (p.get("spec") or {}).get("nodeName")]
+
+
+async def until(probe: Callable[[], Any], what: str, timeout: float = 20.0, interval: float = 0.05) -> Any:
+    """Poll a synchronous probe (reading the sandbox store) until it returns something truthy."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        result = probe()
+        if result:
+            return result
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(interval)
