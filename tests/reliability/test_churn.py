@@ -107,7 +107,7 @@ async def operator_footprint(replica: Replica) -> tuple[float, int]:
 
 
 async def churn(cluster: Any, seconds: float, actors: int, seed: int) -> tuple[list[str], Watchdog]:
-    """Run the churn; its watchdog is asserted here (not in a fixture's teardown) so an xfail marker applies."""
+    """Run the churn; its watchdog is asserted here, in the test, not in a fixture's teardown."""
     workload.ensure_namespace(cluster, NS)
     watchdog = Watchdog(cluster)
     watchdog.start()
@@ -162,23 +162,12 @@ async def churn(cluster: Any, seconds: float, actors: int, seed: int) -> tuple[l
     return report, watchdog
 
 
-# Not strict: churn hits the release-order race of test_release.py only some of the time, and a strict
-# xfail would then be flaky. Remove both markers once reconciler.py releases after the finalizer write.
-RELEASE_RACE = pytest.mark.xfail(
-    strict=False,
-    reason="bug: reconciler.py:53-56 frees a deleted group's devices in the ledger before its finalizer "
-    "removal lands, so a new group can be placed on devices the API still shows held (see test_release.py)",
-)
-
-
-@RELEASE_RACE
 @pytest.mark.parametrize("seed", [1, pytest.param(2, marks=pytest.mark.slow)])
 async def test_churn_never_double_allocates(cluster: Any, seed: int) -> None:
     report, watchdog = await churn(cluster, seconds=5.0, actors=8, seed=seed)
     assert watchdog.checks > 50, report
 
 
-@RELEASE_RACE
 @pytest.mark.slow
 @pytest.mark.timeout(3600)  # the suite's 180 s limit is for the bounded tests
 async def test_soak_churn(cluster: Any, capsys: pytest.CaptureFixture[str]) -> None:

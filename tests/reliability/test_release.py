@@ -25,20 +25,9 @@ def sandbox_options() -> dict[str, object]:
     return {"nodes": 1, "gpus": 2}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "bug: src/deviceshare/operator/reconciler.py:53-56 (GroupReconciler._reconcile_locked, deleting branch) "
-        "calls ctx.ledger.release(gkey) BEFORE _set_finalizers() lands, so while the finalizer write is in "
-        "flight another group is placed on devices the deleted group's status still shows; the watchdog sees "
-        "the same IDs in two groups. Fix: remove the finalizer (or clear status.allocatedDevices) first and "
-        "release the ledger only after that write succeeded, as scheduler._roll_back and "
-        "reconciler._release_lost already do (status first, then ledger)."
-    ),
-)
 async def test_a_deleted_groups_devices_are_not_reused_while_the_api_still_shows_them(cluster: Any) -> None:
     workload.ensure_namespace(cluster, NS)
-    watchdog = Watchdog(cluster, interval=0.005)  # asserted here, not in a fixture, so xfail applies
+    watchdog = Watchdog(cluster, interval=0.005)  # asserted in the test itself
     watchdog.start()
     running = await launch(operator_config(cluster))
     try:
@@ -64,16 +53,6 @@ async def test_a_deleted_groups_devices_are_not_reused_while_the_api_still_shows
     assert not watchdog.found, "double allocation:\n" + "\n".join(watchdog.found)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "bug: scheduler.py:77-84 (PodScheduler.schedule) catches kopf.TemporaryError and storage.Conflict but "
-        "not storage.Gone, which _persist raises when the group vanished while its status write was in flight; "
-        "it escapes to runtime.py:227 and is logged as 'scheduling pod ... failed' with a traceback, and the pod "
-        "waits a fixed 1 s. Fix: catch storage.Gone there and return Outcome(Result.UNSCHEDULABLE, "
-        "'SharedDeviceGroup ... not found') (the ledger reservation is already released by _schedule_locked)."
-    ),
-)
 async def test_a_group_deleted_during_its_placement_is_no_error(
     cluster: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
