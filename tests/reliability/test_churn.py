@@ -113,13 +113,13 @@ async def churn(cluster: Any, seconds: float, actors: int, seed: int) -> tuple[l
     watchdog.start()
     replica = await launch(operator_config(cluster))
     report: list[str] = []
+    samples: list[tuple[float, float, int]] = []
     try:
         tally = Tally()
         loop = asyncio.get_running_loop()
         start = loop.time()
         until = start + seconds
         workers = [loop.create_task(actor(cluster, i, until, seed, tally)) for i in range(actors)]
-        samples: list[tuple[float, float, int]] = []
         while not all(w.done() for w in workers):
             await asyncio.sleep(min(60.0, max(1.0, seconds / 10)))
             expire_events(cluster)
@@ -157,6 +157,9 @@ async def churn(cluster: Any, seconds: float, actors: int, seed: int) -> tuple[l
         await kill(replica)
         await watchdog.stop()
         report.append(f"watchdog: {watchdog.checks} checks, {len(watchdog.found)} violations")
+        report += [f"  violation: {line}" for line in watchdog.found]
+        if not any("rss=" in line for line in report):
+            report += [f"  t={t:7.1f}s  rss={r:7.1f} MiB  operator tasks={n}" for t, r, n in samples]
         print("\n" + "\n".join(report))  # shown with -s (make soak), whatever the outcome
     assert not watchdog.found, "double allocation seen during churn:\n" + "\n".join(watchdog.found)
     return report, watchdog
