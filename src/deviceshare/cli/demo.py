@@ -161,7 +161,7 @@ def _print_groups(sandbox: Sandbox, out: Any) -> None:
         devices = "; ".join(f"{r}={','.join(ids)}" for r, ids in sorted((st.get("allocatedDevices") or {}).items()))
         rows.append((g["metadata"]["namespace"], g["metadata"]["name"], st.get("phase", "-"),
                      st.get("nodeName", "-"), devices or "-", ",".join(st.get("members") or []) or "-"))
-    _table(rows, out)
+    inspect_cmd.print_table(rows, out)
 
 
 def _print_pods(sandbox: Sandbox, pods: Sequence[tuple[str, str]], out: Any) -> None:
@@ -178,7 +178,7 @@ def _print_pods(sandbox: Sandbox, pods: Sequence[tuple[str, str]], out: Any) -> 
         shown = [e for e in env if e.split("=", 1)[0] in wired] or ["(not wired)"]
         rows.append((ns, name, ann.get(names.POD_GROUP_ANNOTATION, "-"), (pod.get("spec") or {}).get("nodeName", "-"),
                      (pod.get("status") or {}).get("phase", "-"), " ".join(shown)))
-    _table(rows, out)
+    inspect_cmd.print_table(rows, out)
 
 
 def _wired_env(pod: dict[str, Any]) -> set[str]:
@@ -190,11 +190,3 @@ def _wired_env(pod: dict[str, Any]) -> set[str]:
             if names.POD_ENV_ANNOTATION_PREFIX in path:
                 wired.add(e["name"])
     return wired
-
-
-def _table(rows: Sequence[Sequence[str]], out: Any) -> None:
-    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
-    for r in rows:
-        print("  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip(), file=out)
-
-

@@ -193,7 +193,8 @@ def to_json(nodes: Sequence[NodeDevices]) -> dict[str, Any]:
     }
 
 
-def _table(rows: list[tuple[str, ...]], out: TextIO) -> None:
+def print_table(rows: Sequence[Sequence[str]], out: TextIO) -> None:
+    """Left-aligned columns, kubectl style (the first row is the header)."""
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for row in rows:
         out.write("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() + "\n")
@@ -213,7 +214,7 @@ def render_table(nodes: Sequence[NodeDevices], out: TextIO) -> None:
                 group = ",".join(h.ref for h in d.holders) or FREE
                 members = ";".join(",".join(h.members) or "(none)" for h in d.holders) or FREE
                 rows.append((n.name, resource, d.id, group, members, " ".join(notes)))
-    _table(rows, out)
+    print_table(rows, out)
     out.write("\n")
     for n in nodes:
         summary = ", ".join(f"{r} {n.allocated(r)}/{n.total(r)} allocated" for r in n.resources) or "no devices"
