@@ -131,7 +131,17 @@ async def churn(cluster: Any, seconds: float, actors: int, seed: int) -> tuple[l
         assert tally.bound_at_delete > 0, f"no member was ever bound: the churn tested nothing ({tally})"
 
         # Quiet: everything deleted; every group must be released and gone, no finalizer left behind.
-        await workload.until(lambda: not cluster.list(names.PLURAL, NS), "every group released and gone", 30)
+        try:
+            await workload.until(lambda: not cluster.list(names.PLURAL, NS), "every group released and gone", 30)
+        except AssertionError:
+            for g in cluster.list(names.PLURAL, NS):
+                md = g["metadata"]
+                members = [(p["metadata"]["name"], p["spec"].get("nodeName"), (p.get("status") or {}).get("phase"))
+                           for p in cluster.list("pods", NS)
+                           if (p["metadata"].get("annotations") or {}).get(names.POD_GROUP_ANNOTATION) == md["name"]]
+                report.append(f"left: {md['name']} finalizers={md.get('finalizers')} "
+                              f"deleting={bool(md.get('deletionTimestamp'))} status={g.get('status')} pods={members}")
+            raise
         assert cluster.list("pods", NS) == []
         rss, tasks = await operator_footprint(replica)
         samples.append((loop.time() - start, rss, tasks))
