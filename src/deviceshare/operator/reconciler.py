@@ -32,7 +32,16 @@ class GroupReconciler:
     async def reconcile(self, gkey: state_.GroupKey) -> bool:
         """Bring one group up to date. Returns True if devices were released (parked pods may now fit)."""
         async with self.ctx.locks.hold(gkey):
-            return await self._reconcile_locked(gkey)
+            before = self.ctx.state.groups.get(gkey)
+            released = await self._reconcile_locked(gkey)
+            after = self.ctx.state.groups.get(gkey)
+        # Our own write's answer may be the first news of a deletion or a spec change (its watch event,
+        # older than that answer, is then ignored): look again with what we now know.
+        if after is not None and (
+            before is None or after.deleting != before.deleting or after.generation != before.generation
+        ):
+            self._request(gkey)
+        return released
 
     async def _reconcile_locked(self, gkey: state_.GroupKey) -> bool:
         ctx = self.ctx
