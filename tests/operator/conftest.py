@@ -51,7 +51,6 @@ def operator_config(cluster: Sandbox, **overrides: object) -> OperatorConfig:
         status_debounce=0.01,
         election_settle=0.2,
         worker_idle_timeout=0.2,
-        resync_interval=2.0,
     )
     return dataclasses.replace(base, **overrides)  # type: ignore[arg-type]
 

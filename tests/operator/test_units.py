@@ -135,28 +135,3 @@ def test_an_assumed_binding_survives_an_older_event() -> None:
     assert cluster.pods[("ns", "p")].env_annotations == {"NVIDIA_VISIBLE_DEVICES": "0"}
     cluster.upsert_pod(_pod("p", "g", "n1", None))
     assert cluster.members_on_devices(("ns", "g"))[0].name == "p"
-
-
-def _pod_body(name: str, rv: str, node: str | None = "n1") -> dict[str, object]:
-    return {
-        "metadata": {"namespace": "ns", "name": name, "uid": name, "resourceVersion": rv,
-                     "annotations": {names.POD_GROUP_ANNOTATION: "g"}},
-        "spec": {"nodeName": node, "containers": [{"name": "c", "resources": {"requests": {"cpu": "100m"}}}]},
-        "status": {"phase": "Running"},
-    }
-
-
-async def test_resync_forgets_pods_deleted_behind_a_relist_but_not_newer_ones() -> None:
-    """A 410 Gone and relist never reports deletions: the periodic resync must, safely."""
-    from deviceshare.operator.config import OperatorConfig
-    from deviceshare.operator.context import Context
-    from deviceshare.operator.runtime import Runtime
-
-    runtime = Runtime(Context(config=OperatorConfig(), api=None))  # type: ignore[arg-type]
-    runtime.on_pod("ADDED", _pod_body("ghost", "5"))      # deleted while the watch was away
-    runtime.on_pod("ADDED", _pod_body("fresh", "12"))     # created after the list was taken
-    runtime.on_pod("ADDED", _pod_body("kept", "6"))
-    forgotten = runtime.resync([], "10", [_pod_body("kept", "6")], "10")
-    assert forgotten == 1
-    assert set(runtime.ctx.state.pods) == {("ns", "fresh"), ("ns", "kept")}
-    assert runtime.ctx.ledger.used("n1")[0] == 200  # the ghost's 100m no longer counts

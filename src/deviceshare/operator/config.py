@@ -23,9 +23,6 @@ class OperatorConfig:
     backoff_max: float = 60.0
     # Parked pods are retried at least this often, even if nothing visible changed.
     unschedulable_flush: float = 60.0
-    # Pods and groups are re-listed this often and compared with what the watches said: a watch that
-    # was answered 410 Gone and re-listed (by Kopf) never reports the objects deleted meanwhile.
-    resync_interval: float = 60.0
     # Coalesce bursts of member changes into one group status write.
     status_debounce: float = 0.05
     # Kopf peering: None runs standalone (single replica).

@@ -81,7 +81,6 @@ class Runtime:
         self._workers = [loop.create_task(self._worker(i)) for i in range(self.ctx.config.workers)]
         self._workers.append(loop.create_task(self._reconcile_loop()))
         self._workers.append(loop.create_task(self._flush_loop()))
-        self._workers.append(loop.create_task(self._resync_loop()))
 
     async def _stop_scheduling(self) -> None:
         """Cancel decisions in flight: a deposed replica must not keep writing."""
@@ -182,8 +181,6 @@ class Runtime:
             self._request_reconcile(group.key)
             return
         old = self.ctx.state.groups.get(group.key)
-        if old is not None and old.uid == group.uid and old.resource_version == group.resource_version:
-            return  # nothing new (a resync, or the echo of our own write)
         if not self.ctx.state.upsert_group(group):
             return
         self._request_reconcile(group.key)
@@ -309,49 +306,6 @@ class Runtime:
             self._request_reconcile(gkey)
         finally:
             limit.release()
-
-    async def _resync_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.ctx.config.resync_interval)
-            try:
-                (groups, groups_rv), (pods, pods_rv) = await asyncio.gather(
-                    self.ctx.api.list_groups_at(), self.ctx.api.list_pods_at()
-                )
-            except Exception as e:
-                logger.warning("resync: could not list pods and groups: %s", e)
-                continue
-            gone = self.resync(groups, groups_rv, pods, pods_rv)
-            if gone:
-                logger.info("resync: %d objects were deleted without a watch event", gone)
-
-    def resync(
-        self, groups: list[dict[str, Any]], groups_rv: str, pods: list[dict[str, Any]], pods_rv: str
-    ) -> int:
-        """Apply fresh lists; forget objects the lists no longer hold. Returns how many were forgotten.
-
-        Only records at least as old as the list are forgotten: one that changed after the list was
-        taken is newer than the list's word on it.
-        """
-        forgotten = 0
-        listed = set()
-        for body in pods:
-            meta = body.get("metadata") or {}
-            listed.add((str(meta.get("namespace", "")), str(meta.get("name", ""))))
-            self.on_pod("MODIFIED", body)
-        for key, pod in list(self.ctx.state.pods.items()):
-            if key not in listed and pods_rv and not state_.newer(pod.resource_version, pods_rv):
-                self.on_pod("DELETED", {"metadata": {"namespace": key[0], "name": key[1]}})
-                forgotten += 1
-        listed.clear()
-        for body in groups:
-            meta = body.get("metadata") or {}
-            listed.add((str(meta.get("namespace", "")), str(meta.get("name", ""))))
-            self.on_group("MODIFIED", body)
-        for key, group in list(self.ctx.state.groups.items()):
-            if key not in listed and groups_rv and not state_.newer(group.resource_version, groups_rv):
-                self.on_group("DELETED", {"metadata": {"namespace": key[0], "name": key[1]}})
-                forgotten += 1
-        return forgotten
 
     async def _flush_loop(self) -> None:
         while True:

@@ -95,19 +95,11 @@ class ClusterApi:
         return list((await self._call("GET", "/api/v1/nodes", "list nodes")).get("items") or [])
 
     async def list_pods(self) -> list[dict[str, Any]]:
-        return (await self.list_pods_at())[0]
+        return list((await self._call("GET", "/api/v1/pods", "list pods")).get("items") or [])
 
     async def list_groups(self) -> list[dict[str, Any]]:
-        return (await self.list_groups_at())[0]
-
-    async def list_pods_at(self) -> tuple[list[dict[str, Any]], str]:
-        """All pods, and the resourceVersion the list is consistent at."""
-        data = await self._call("GET", "/api/v1/pods", "list pods")
-        return list(data.get("items") or []), str((data.get("metadata") or {}).get("resourceVersion", ""))
-
-    async def list_groups_at(self) -> tuple[list[dict[str, Any]], str]:
         data = await self._call("GET", f"/apis/{names.API_VERSION}/{names.PLURAL}", "list shareddevicegroups")
-        return list(data.get("items") or []), str((data.get("metadata") or {}).get("resourceVersion", ""))
+        return list(data.get("items") or [])
 
     async def get_group(self, key: GroupKey) -> dict[str, Any]:
         data: dict[str, Any] = await self._call("GET", _group_path(key), f"get shareddevicegroup {key[0]}/{key[1]}")
