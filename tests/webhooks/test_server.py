@@ -192,18 +192,7 @@ async def test_a_group_created_just_before_its_pod_is_found_even_if_the_watch_la
                 "apiVersion": "deviceshare.io/v1alpha1", "kind": "SharedDeviceGroup",
                 "metadata": {"name": "fresh", "namespace": "ml"}, "spec": {"resources": {"nvidia.com/gpu": 1}},
             })
-            review = {
-                "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-                "request": {
-                    "uid": "u1", "operation": "CREATE", "namespace": "ml",
-                    "kind": {"group": "", "version": "v1", "kind": "Pod"},
-                    "object": {
-                        "metadata": {"name": "p", "namespace": "ml",
-                                     "annotations": {"deviceshare.io/device-group": "fresh"}},
-                        "spec": {"containers": [{"name": "c", "image": "busybox"}]},
-                    },
-                },
-            }
+            review = make_review(pod(group="fresh"))  # namespace "ml", as the group
             ctx = ssl.create_default_context(cadata=bundle.ca_pem.decode())
             async with aiohttp.ClientSession() as http, http.post(hook.mutate_url, json=review, ssl=ctx) as resp:
                 answer = await resp.json()
