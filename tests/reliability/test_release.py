@@ -8,6 +8,7 @@ conflict on two healthy groups.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -78,3 +79,72 @@ async def test_a_group_deleted_during_its_placement_is_no_error(
     errors_logged = [r.getMessage() for r in caplog.records
                      if r.name.startswith("deviceshare") and r.levelname == "ERROR"]
     assert errors_logged == []
+
+
+def has_finalizer(cluster: Any, group: str) -> bool:
+    metadata = (cluster.get(names.PLURAL, group, NS) or {}).get("metadata", {})
+    return names.GROUP_FINALIZER in (metadata.get("finalizers") or [])
+
+
+async def test_a_pod_deletion_lost_in_a_watch_relist_does_not_hold_the_devices(cluster: Any) -> None:
+    """Kopf re-lists after a watch answers 410 Gone, and a list never reports what was deleted in between.
+
+    The group's member is deleted while the watches are stalled, then history is compacted: the operator
+    never sees a DELETED event for the pod. It must still find out (by reading the member again) and
+    release the deleted group instead of waiting on a pod that no longer exists.
+    """
+    workload.ensure_namespace(cluster, NS)
+    running = await launch(operator_config(cluster, member_recheck=0.5))
+    try:
+        cluster.create(workload.group_body(NS, "ghost", {workload.GPU: 2}))
+        cluster.create(workload.pod_body(NS, "ghost-0", "ghost"))
+        await workload.until(lambda: workload.bound_pods(cluster, NS), "ghost-0 bound")
+        await workload.until(
+            lambda: has_finalizer(cluster, "ghost"),
+            "the finalizer on the group",
+        )
+        cluster.stall_watches()
+        cluster.delete("pods", "ghost-0", NS)
+        cluster.compact()  # the watch resumes at a version the API no longer has: 410, list again
+        cluster.drop_watches()
+        cluster.resume_watches()
+        cluster.delete(names.PLURAL, "ghost", NS)
+        await workload.until(lambda: cluster.get(names.PLURAL, "ghost", NS) is None, "the group released and gone", 10)
+        # And the devices are free again: a group wanting both is placed.
+        cluster.create(workload.group_body(NS, "next", {workload.GPU: 2}))
+        cluster.create(workload.pod_body(NS, "next-0", "next"))
+        await workload.until(lambda: workload.bound_pods(cluster, NS), "next-0 bound", 10)
+    finally:
+        await kill(running)
+
+
+async def test_a_group_force_deleted_during_a_watch_relist_gives_its_devices_back(cluster: Any) -> None:
+    """An admin clears the finalizer and deletes the group (and its pod) while the watches are down, and
+    the history is compacted: no DELETED event ever comes. The periodic audit must find both gone."""
+    workload.ensure_namespace(cluster, NS)
+    running = await launch(operator_config(cluster, audit_interval=0.5))
+    try:
+        cluster.create(workload.group_body(NS, "forced", {workload.GPU: 2}))
+        cluster.create(workload.pod_body(NS, "forced-0", "forced"))
+        await workload.until(lambda: workload.bound_pods(cluster, NS), "forced-0 bound")
+        await workload.until(  # the operator's own writes done: none of them can stumble on the deletion
+            lambda: has_finalizer(cluster, "forced")
+            and (cluster.get(names.PLURAL, "forced", NS).get("status") or {}).get("members") == ["forced-0"],
+            "the finalizer and a Bound status on the group",
+        )
+        await asyncio.sleep(0.2)
+        cluster.stall_watches()
+        cluster.delete("pods", "forced-0", NS)
+        cluster.patch(names.PLURAL, "forced", {"metadata": {"finalizers": None}}, NS)
+        cluster.delete(names.PLURAL, "forced", NS)
+        cluster.compact()
+        cluster.drop_watches()
+        cluster.resume_watches()
+        cluster.create(workload.group_body(NS, "next", {workload.GPU: 2}))
+        cluster.create(workload.pod_body(NS, "next-0", "next"))
+        await workload.until(lambda: workload.bound_pods(cluster, NS), "next-0 bound on the freed devices", 10)
+        missed = running.memo.runtime.ctx.metrics.missed_deletions
+        assert missed.labels("group")._value.get() == 1
+        assert missed.labels("pod")._value.get() == 1
+    finally:
+        await kill(running)

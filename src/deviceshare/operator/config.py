@@ -25,6 +25,12 @@ class OperatorConfig:
     unschedulable_flush: float = 60.0
     # Coalesce bursts of member changes into one group status write.
     status_debounce: float = 0.05
+    # A member pod a group has waited on this long (to release its devices) is read again from the API:
+    # Kopf re-lists after a watch answers 410 Gone, and a list never reports what was deleted meanwhile.
+    member_recheck: float = 10.0
+    # Every so often, pods and groups we hold that a fresh list lacks are read one by one and forgotten
+    # if the API no longer has them (the same lost deletions, for objects nothing is waiting on).
+    audit_interval: float = 300.0
     # Kopf peering: None runs standalone (single replica).
     peering_name: str | None = None
     priority: int = 0

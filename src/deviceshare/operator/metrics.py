@@ -63,6 +63,12 @@ class Metrics:
             "Devices found claimed by two groups when the ledger was rebuilt",
             registry=r,
         )
+        self.missed_deletions = Counter(
+            "deviceshare_missed_deletions",
+            "Pods and groups found deleted by reading them again, their DELETED watch event never seen",
+            ["kind"],
+            registry=r,
+        )
         self.rebuild_seconds = Gauge(
             "deviceshare_ledger_rebuild_seconds", "Duration of the last ledger rebuild", registry=r
         )

@@ -6,13 +6,17 @@ from the ledger (the authority on devices) and the pods (the authority on who ru
 - deleting: phase Releasing while a member still runs on the devices, then release and drop the finalizer;
 - node lost (deleted or NotReady): NodeLost condition and event; once no member runs there the devices
   go back to the ledger and the group returns to Pending, to be placed again by its next pod;
-- member pods whose device annotations were edited by hand get them back from the allocation.
+- member pods whose device annotations were edited by hand get them back from the allocation;
+- a member a release has waited on for ``member_recheck`` seconds is read again from the API: Kopf
+  re-lists after a watch answers 410 Gone and a list reports no deletions, so without this a pod
+  deleted in that gap would hold its group's devices for ever.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from deviceshare.api import names
@@ -25,9 +29,19 @@ logger = logging.getLogger("deviceshare.operator.reconciler")
 
 
 class GroupReconciler:
-    def __init__(self, ctx: Context, request_reconcile: Callable[[state_.GroupKey], None]) -> None:
+    def __init__(
+        self,
+        ctx: Context,
+        request_reconcile: Callable[[state_.GroupKey], None],
+        *,
+        request_later: Callable[[state_.GroupKey, float], None],
+        pod_read: Callable[[state_.PodRecord, Mapping[str, Any] | None], None],
+    ) -> None:
         self.ctx = ctx
         self._request = request_reconcile  # for groups whose status this one's change affects
+        self._request_later = request_later
+        self._pod_read = pod_read  # a member re-read from the API (None: it no longer exists)
+        self._waiting_since: dict[state_.GroupKey, float] = {}  # groups whose release waits on members
 
     async def reconcile(self, gkey: state_.GroupKey) -> bool:
         """Bring one group up to date. Returns True if devices were released (parked pods may now fit)."""
@@ -48,6 +62,14 @@ class GroupReconciler:
         group = ctx.state.groups.get(gkey)
         on_devices = ctx.state.members_on_devices(gkey)
         allocation = ctx.ledger.allocation(gkey)
+
+        waiting = allocation is not None and bool(on_devices) and (
+            group is None or group.deleting or self._node_lost(allocation.node) is not None
+        )
+        if waiting:
+            on_devices = await self._confirm_members(gkey, on_devices)
+        else:
+            self._waiting_since.pop(gkey, None)
 
         if group is None:
             # Gone from the API (its finalizer removed by someone else): still never free devices under a pod.
@@ -78,11 +100,7 @@ class GroupReconciler:
         released = False
         node_lost: str | None = None
         if allocation is not None:
-            node = ctx.ledger.node(allocation.node)
-            if node is None:
-                node_lost = f"node {allocation.node} no longer exists"
-            elif not node.ready:
-                node_lost = f"node {allocation.node} is not Ready"
+            node_lost = self._node_lost(allocation.node)
             if node_lost and not on_devices:
                 released = await self._release_lost(group, node_lost)
                 allocation = None
@@ -91,6 +109,40 @@ class GroupReconciler:
 
         await self._write_status(group, node_lost=node_lost if allocation is not None else None)
         return released
+
+    def _node_lost(self, name: str) -> str | None:
+        node = self.ctx.ledger.node(name)
+        if node is None:
+            return f"node {name} no longer exists"
+        if not node.ready:
+            return f"node {name} is not Ready"
+        return None
+
+    async def _confirm_members(
+        self, gkey: state_.GroupKey, members: list[state_.PodRecord]
+    ) -> list[state_.PodRecord]:
+        """The members a release still waits on; re-read from the API once they kept it waiting long enough.
+
+        Cheap by design: nothing is read while the wait is short (the usual case: the pods are
+        terminating and their watch events are on the way), and then one GET per waited-on member.
+        """
+        now = time.monotonic()
+        since = self._waiting_since.setdefault(gkey, now)
+        recheck = self.ctx.config.member_recheck
+        if now - since < recheck:
+            self._request_later(gkey, since + recheck - now)
+            return members
+        still: list[state_.PodRecord] = []
+        for pod in members:
+            body = await self.ctx.api.get_pod(pod.key)
+            self._pod_read(pod, body)
+            current = self.ctx.state.pods.get(pod.key)
+            if current is not None and current.uid == pod.uid and current.on_devices:
+                still.append(current)
+        self._waiting_since[gkey] = now
+        if still:
+            self._request_later(gkey, recheck)
+        return still
 
     async def _release_lost(self, group: state_.GroupRecord, why: str) -> bool:
         """The node is gone or NotReady and nothing runs there: Pending again, status first then ledger."""

@@ -35,12 +35,15 @@ class Runtime:
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
         self.scheduler = PodScheduler(ctx)
-        self.reconciler = GroupReconciler(ctx, self._request_reconcile)
+        self.reconciler = GroupReconciler(
+            ctx, self._request_reconcile, request_later=self._request_reconcile_later, pod_read=self._pod_read
+        )
         self.queue: SchedulingQueue[state_.PodKey] = SchedulingQueue(
             backoff_initial=ctx.config.backoff_initial, backoff_max=ctx.config.backoff_max
         )
         self._reconcile_due: set[state_.GroupKey] = set()
         self._reconcile_wakeup = asyncio.Event()
+        self._reconcile_timers: dict[state_.GroupKey, asyncio.TimerHandle] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._workers: list[asyncio.Task[None]] = []
         self.started = False
@@ -81,6 +84,7 @@ class Runtime:
         self._workers = [loop.create_task(self._worker(i)) for i in range(self.ctx.config.workers)]
         self._workers.append(loop.create_task(self._reconcile_loop()))
         self._workers.append(loop.create_task(self._flush_loop()))
+        self._workers.append(loop.create_task(self._audit_loop()))
 
     async def _stop_scheduling(self) -> None:
         """Cancel decisions in flight: a deposed replica must not keep writing."""
@@ -90,6 +94,9 @@ class Runtime:
             backoff_initial=self.ctx.config.backoff_initial, backoff_max=self.ctx.config.backoff_max
         )
         self._reconcile_due.clear()
+        for timer in self._reconcile_timers.values():
+            timer.cancel()
+        self._reconcile_timers.clear()
 
     @property
     def scheduling(self) -> bool:
@@ -177,6 +184,9 @@ class Runtime:
     def on_group(self, event_type: str | None, body: Mapping[str, Any]) -> None:
         group = state_.group_record(body)
         if event_type == "DELETED":
+            held = self.ctx.state.groups.get(group.key)
+            if held is not None and group.uid and held.uid != group.uid:
+                return  # an earlier group of that name: the one we hold replaced it
             self.ctx.state.groups.pop(group.key, None)
             self._request_reconcile(group.key)
             return
@@ -194,14 +204,7 @@ class Runtime:
         if event_type == "DELETED":
             meta = body.get("metadata") or {}
             key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
-            old = ctx.state.remove_pod(key)
-            ctx.ledger.forget_pod(key)
-            self.queue.forget(key)
-            if old is not None:
-                if old.group_key is not None:
-                    self._request_reconcile(old.group_key)
-                if old.on_devices:
-                    self.queue.move_parked()
+            self._pod_gone(key, str(meta.get("uid", "")))
             return
         pod = state_.pod_record(body)
         old = ctx.state.upsert_pod(pod)
@@ -218,6 +221,35 @@ class Runtime:
             self._request_reconcile(pod.group_key)
         if old is not None and old.on_devices and not pod.on_devices:
             self.queue.move_parked()
+
+    def _pod_gone(self, key: state_.PodKey, uid: str) -> None:
+        ctx = self.ctx
+        held = ctx.state.pods.get(key)
+        if held is not None and uid and held.uid != uid:
+            return  # an earlier pod of that name: the one we hold replaced it
+        old = ctx.state.remove_pod(key)
+        ctx.ledger.forget_pod(key)
+        self.queue.forget(key)
+        if old is not None:
+            if old.group_key is not None:
+                self._request_reconcile(old.group_key)
+            if old.on_devices:
+                self.queue.move_parked()
+
+    def _pod_read(self, pod: state_.PodRecord, body: Mapping[str, Any] | None) -> None:
+        """``pod`` read again from the API (None: not found). News the watch may never bring: a pod
+        deleted while the watch was re-listing is absent from the list and has no DELETED event."""
+        meta = (body or {}).get("metadata") or {}
+        if body is None or meta.get("uid") != pod.uid:
+            logger.info("pod %s/%s is gone; its deletion never came on the watch", *pod.key)
+            self.ctx.metrics.missed_deletions.labels("pod").inc()
+            self._pod_gone(pod.key, pod.uid)
+            return
+        held = self.ctx.state.pods.get(pod.key)
+        if held is not None and held.uid == pod.uid and state_.newer(
+            str(meta.get("resourceVersion", "")), held.resource_version
+        ):
+            self.on_pod("MODIFIED", body)
 
     # -- workers -------------------------------------------------------------------------------
 
@@ -269,6 +301,20 @@ class Runtime:
         self._reconcile_due.add(gkey)
         self._reconcile_wakeup.set()
 
+    def _request_reconcile_later(self, gkey: state_.GroupKey, delay: float) -> None:
+        loop = asyncio.get_running_loop()
+        timer = self._reconcile_timers.get(gkey)
+        if timer is not None:
+            if timer.when() <= loop.time() + delay:
+                return
+            timer.cancel()
+        self._reconcile_timers[gkey] = loop.call_later(delay, self._reconcile_timer_fired, gkey)
+
+    def _reconcile_timer_fired(self, gkey: state_.GroupKey) -> None:
+        self._reconcile_timers.pop(gkey, None)
+        if self.scheduling:
+            self._request_reconcile(gkey)
+
     def _reconcile_node_groups(self, node: str) -> None:
         for allocation in self.ctx.ledger.allocations():
             if allocation.node == node:
@@ -311,6 +357,48 @@ class Runtime:
         while True:
             await asyncio.sleep(self.ctx.config.unschedulable_flush)
             self.queue.flush()
+
+    async def _audit_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.ctx.config.audit_interval)
+            try:
+                await self.audit()
+            except Exception:
+                logger.warning("audit of pods and groups failed; next one in %.0fs",
+                               self.ctx.config.audit_interval, exc_info=True)
+
+    async def audit(self) -> int:
+        """Forget pods and groups the API no longer has although no DELETED event said so. Returns how many.
+
+        A list alone cannot tell (what was created after it is missing from it too, and applying a list
+        over newer watch events goes backwards); so a held object the list lacks is read by itself, and
+        only a 404 or another uid under its name counts as deleted.
+        """
+        ctx = self.ctx
+        pods, groups = await asyncio.gather(ctx.api.list_pods(), ctx.api.list_groups())
+        listed = {str((b.get("metadata") or {}).get("uid", "")) for b in pods}
+        forgotten = 0
+        for pod in [p for p in ctx.state.pods.values() if p.uid not in listed]:
+            body = await ctx.api.get_pod(pod.key)
+            if body is None or (body.get("metadata") or {}).get("uid") != pod.uid:
+                forgotten += 1
+            self._pod_read(pod, body)
+        listed = {str((b.get("metadata") or {}).get("uid", "")) for b in groups}
+        for group in [g for g in ctx.state.groups.values() if g.uid not in listed]:
+            try:
+                current: Mapping[str, Any] | None = await ctx.api.get_group(group.key)
+            except storage.Gone:
+                current = None
+            if current is not None and (current.get("metadata") or {}).get("uid") == group.uid:
+                continue
+            held = ctx.state.groups.get(group.key)
+            if held is not None and held.uid == group.uid:
+                logger.info("group %s/%s is gone; its deletion never came on the watch", *group.key)
+                ctx.metrics.missed_deletions.labels("group").inc()
+                del ctx.state.groups[group.key]
+                self._request_reconcile(group.key)
+                forgotten += 1
+        return forgotten
 
 
 async def _cancel(tasks: list[asyncio.Task[None]]) -> None:

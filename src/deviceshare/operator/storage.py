@@ -105,6 +105,14 @@ class ClusterApi:
         data: dict[str, Any] = await self._call("GET", _group_path(key), f"get shareddevicegroup {key[0]}/{key[1]}")
         return data
 
+    async def get_pod(self, key: PodKey) -> dict[str, Any] | None:
+        """The pod as the API shows it now; None if it does not exist."""
+        try:
+            data: dict[str, Any] = await self._call("GET", _pod_path(key), f"get pod {key[0]}/{key[1]}")
+        except Gone:
+            return None
+        return data
+
     async def get_peering_status(self, name: str) -> dict[str, Any] | None:
         """The peers recorded in Kopf's ClusterKopfPeering object ``name``; None if it does not exist."""
         try:
