@@ -448,15 +448,32 @@ class ApiServer(kmock.KubernetesScaffold):
                 continue
             if event is None:
                 return
+            # Everything already queued goes out in one write: one event per loop turn falls far behind
+            # a busy server (each turn runs every ready request handler first).
+            batch: list[store.WatchEvent | None] = [event]
+            while not sub.queue.empty():
+                batch.append(sub.queue.get_nowait())
             await self.flowing.wait()  # stalled watches hold their events until resumed
             if sub.closed:
                 return
-            await self._send(response, event, visible, encode)
+            ended = None in batch
+            chunks = [self._render(e, visible, encode) for e in batch if e is not None]
+            data = b"".join(c for c in chunks if c)
+            if data:
+                await response.write(data)
+            if ended:
+                return
+
+    @classmethod
+    async def _send(
+        cls, response: aiohttp.web.StreamResponse, event: store.WatchEvent, visible: Any, encode: Any
+    ) -> None:
+        data = cls._render(event, visible, encode)
+        if data:
+            await response.write(data)
 
     @staticmethod
-    async def _send(
-        response: aiohttp.web.StreamResponse, event: store.WatchEvent, visible: Any, encode: Any
-    ) -> None:
+    def _render(event: store.WatchEvent, visible: Any, encode: Any) -> bytes | None:
         """One event as this watcher sees it: objects moving in or out of its selector are ADDED/DELETED."""
         now_ok, before_ok = visible(event.obj), visible(event.old)
         if event.type == "MODIFIED" and now_ok and not before_ok:
@@ -466,8 +483,9 @@ class ApiServer(kmock.KubernetesScaffold):
         elif now_ok:
             kind = event.type
         else:
-            return
-        await response.write(encode(kind, event.obj, event))
+            return None
+        data: bytes = encode(kind, event.obj, event)
+        return data
 
     @staticmethod
     def _bookmark(rtype: catalog.ResourceType, rv: str, initial_end: bool = False) -> bytes:
