@@ -41,6 +41,9 @@ EXPRESSIONS = [
     "self.spec.exists(k, self.spec[k] == 1)",
     "self.spec == oldSelf.spec",
     "has(self.status) ? self.status.phase == 'Bound' : true",
+    "has(self.spec.a.b) || has(oldSelf.spec.c)",
+    "has(self.spec.a) && has(self.spec.a.a) && self.spec.a.a != 0",
+    "has( self.spec.b ) ? size(self.spec) == 1 : has(self.status.members)",
 ]
 
 leaf = st.one_of(st.integers(0, 2), st.sampled_from(["a", "b", "Bound", "Releasing"]), st.booleans())
@@ -77,6 +80,13 @@ def test_a_status_only_change_reuses_the_verdict_of_rules_that_read_spec() -> No
 
 
 def test_reads_cut_method_calls_and_indexes() -> None:
-    assert cel._reads("self.spec.resources.all(k, k != '')")["self"] == (("spec", "resources"),)
-    assert cel._reads("self.all(k, true)")["self"] == ((),)
-    assert cel._reads("self.a[0].b == 1")["self"] == (("a",),)
+    assert cel._reads("self.spec.resources.all(k, k != '')")["self"] == ((("spec", "resources"), False),)
+    assert cel._reads("self.all(k, true)")["self"] == (((), False),)
+    assert cel._reads("self.a[0].b == 1")["self"] == ((("a",), False),)
+
+
+def test_has_reads_only_whether_the_field_is_there() -> None:
+    assert cel._reads("has(self.status) && has(self.status.phase)")["self"] == (
+        (("status",), True), (("status", "phase"), True),
+    )
+    assert cel._reads("has(self.a.b.exists(x, x))")["self"] == ((("a", "b"), False),)

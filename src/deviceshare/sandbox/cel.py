@@ -24,6 +24,7 @@ from typing import Any
 _OLD_SELF = re.compile(r"\boldSelf\b")
 _IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
 _MENTION = re.compile(rf"(?<![.\w])({_IDENT})((?:\s*\.\s*{_IDENT})*)(\s*\()?")
+_HAS_BEFORE = re.compile(r"(?<![\w.])has\(\s*$")
 _RESULTS_MAX = 8192
 _results: collections.OrderedDict[tuple[str, str], bool | str] = collections.OrderedDict()
 
@@ -68,39 +69,52 @@ def evaluate(expression: str, variables: Mapping[str, Any]) -> Any:
     return result
 
 
+Read = tuple[tuple[str, ...], bool]  # (field path, whether only the presence of its last field matters)
+
+
 @functools.lru_cache(maxsize=512)
-def _reads(expression: str) -> dict[str, tuple[tuple[str, ...], ...]]:
-    """Variable name -> the field paths the expression may read under it (() is the whole value)."""
-    found: dict[str, set[tuple[str, ...]]] = {}
+def _reads(expression: str) -> dict[str, tuple[Read, ...]]:
+    """Variable name -> what the expression may read under it: field paths (() is the whole value),
+    each marked presence-only when it is the whole argument of ``has()``."""
+    found: dict[str, set[Read]] = {}
     for m in _MENTION.finditer(expression):
         path = tuple(part.strip() for part in m.group(2).split(".")[1:])
         if m.group(3):  # the last selection is a method called on what precedes it
             path = path[:-1]
-        end = m.end(2)
-        rest = expression[end:].lstrip()
+        rest = expression[m.end(2):].lstrip()
         if rest.startswith((".", "[")) and not m.group(3):  # `.?field`, an index: stop one earlier
             path = path[:-1] if rest.startswith(".") and path else path
-        found.setdefault(m.group(1), set()).add(path)
-    return {name: tuple(sorted(paths)) for name, paths in found.items()}
+        presence = (
+            bool(path) and not m.group(3) and rest.startswith(")")
+            and _HAS_BEFORE.search(expression, 0, m.start()) is not None
+        )
+        found.setdefault(m.group(1), set()).add((path, presence))
+    return {name: tuple(sorted(reads)) for name, reads in found.items()}
 
 
-def _project(value: Any, path: tuple[str, ...]) -> list[Any]:
-    """[how deep the path went, whether its end exists, the value there]: equal only if the rule sees the same."""
-    for depth, part in enumerate(path):
+def _project(value: Any, path: tuple[str, ...], presence: bool) -> list[Any]:
+    """What the expression can see at ``path``; equal projections mean equal views. ``presence``: only
+    whether the last field exists (``has(x.a.b)`` reads the keys of ``x.a``, not the value of ``b``)."""
+    walk = path[:-1] if presence else path
+    for depth, part in enumerate(walk):
         if not isinstance(value, Mapping):
-            return [depth, True, value]  # what the rule sees here is this whole non-map value
+            return [depth, "value", value]  # what the rule sees here is this whole non-map value
         if part not in value:
-            return [depth, False, None]
+            return [depth, "absent"]
         value = value[part]
-    return [len(path), True, value]
+    if presence:
+        if isinstance(value, Mapping):
+            return [len(walk), "has", path[-1] in value]
+        return [len(walk), "value", value]
+    return [len(walk), "value", value]
 
 
 def _key(expression: str, variables: Mapping[str, Any]) -> str | None:
     reads = _reads(expression)
     parts = []
     for name, value in variables.items():
-        for path in reads.get(name, ()):
-            parts.append([name, path, *_project(value, path)])
+        for path, presence in reads.get(name, ()):
+            parts.append([name, path, presence, *_project(value, path, presence)])
     try:
         return json.dumps(parts, separators=(",", ":"))
     except (TypeError, ValueError):
