@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import copy
 import dataclasses
 import json
 import random
@@ -30,6 +29,7 @@ Key = tuple[str, str]  # (group, plural)
 
 
 now = strategies.now
+clone = strategies.clone
 meta = strategies.meta
 set_condition = strategies.set_condition
 
@@ -87,7 +87,7 @@ class ObjectStore:
         return found
 
     def get(self, rtype: catalog.ResourceType, namespace: str | None, name: str) -> Obj:
-        return copy.deepcopy(self._existing(rtype, namespace, name))
+        return clone(self._existing(rtype, namespace, name))
 
     def list_objects(
         self,
@@ -100,9 +100,9 @@ class ObjectStore:
     ) -> tuple[list[Obj], str]:
         """Matching objects by (namespace, name); ``copied=False`` hands out the stored dicts
         (only for callers that serialize them at once, before any other write)."""
-        clone = copy.deepcopy if copied else _same
+        copier = clone if copied else _same
         items = [
-            clone(obj)
+            copier(obj)
             for (ns, _), obj in sorted(self._objects[rtype.key].items())
             if (not namespace or ns == namespace)
             and (labels is None or labels.matches(meta(obj).get("labels")))
@@ -167,7 +167,7 @@ class ObjectStore:
         self._compacted = self._rv
 
     def _emit(self, type_: str, rtype: catalog.ResourceType, obj: Obj, old: Obj | None) -> None:
-        event = WatchEvent(int(meta(obj)["resourceVersion"]), rtype.key, type_, copy.deepcopy(obj), old)
+        event = WatchEvent(int(meta(obj)["resourceVersion"]), rtype.key, type_, clone(obj), old)
         self._history.append(event)
         while len(self._history) > self._history_limit:
             self._compacted = self._history.popleft().rv
@@ -183,7 +183,7 @@ class ObjectStore:
 
     # ---- writing -------------------------------------------------------------------------
     def create(self, rtype: catalog.ResourceType, namespace: str | None, body: Mapping[str, Any]) -> Obj:
-        obj: Obj = copy.deepcopy(dict(body))
+        obj: Obj = clone(dict(body))
         md = obj.setdefault("metadata", {})
         if not isinstance(md, dict):
             raise errors.bad_request("metadata must be an object")
@@ -222,7 +222,7 @@ class ObjectStore:
         if rtype.key == ("apiextensions.k8s.io", "customresourcedefinitions"):
             self._serve_crd(obj)
         self._emit("ADDED", rtype, obj, None)
-        return copy.deepcopy(obj)
+        return clone(obj)
 
     def replace(
         self,
@@ -233,7 +233,7 @@ class ObjectStore:
         subresource: str | None = None,
     ) -> Obj:
         old = self._existing(rtype, namespace, name)
-        new: Obj = copy.deepcopy(dict(body))
+        new: Obj = clone(dict(body))
         if meta(new).get("name", name) != name:
             raise errors.bad_request(
                 f"the name of the object ({meta(new).get('name')}) does not match the name "
@@ -273,7 +273,7 @@ class ObjectStore:
     def _update(self, rtype: catalog.ResourceType, old: Obj, new: Obj, subresource: str | None) -> Obj:
         if subresource == "status":
             status = new.get("status")
-            new = copy.deepcopy(old)
+            new = clone(old)
             if status is None:
                 new.pop("status", None)
             else:
@@ -282,7 +282,7 @@ class ObjectStore:
             new.setdefault("metadata", {})
             if rtype.has_status:
                 if "status" in old:
-                    new["status"] = copy.deepcopy(old["status"])
+                    new["status"] = clone(old["status"])
                 else:
                     new.pop("status", None)
             if rtype.key == ("", "pods"):
@@ -328,7 +328,7 @@ class ObjectStore:
         if _spec_part(new) != _spec_part(old):
             new_md["generation"] = int(meta(old).get("generation", 1)) + 1
         if new == old:
-            return copy.deepcopy(old)  # a no-op write: no new version, no watch event
+            return clone(old)  # a no-op write: no new version, no watch event
         new_md = meta(new)
         new_md["resourceVersion"] = self._next_rv()
         key = (new_md.get("namespace", ""), new_md["name"])
@@ -343,7 +343,7 @@ class ObjectStore:
             if rtype.key == ("apiextensions.k8s.io", "customresourcedefinitions"):
                 self._serve_crd(new)
             self._emit("MODIFIED", rtype, new, old)
-        return copy.deepcopy(new)
+        return clone(new)
 
     def delete(
         self,
@@ -367,20 +367,20 @@ class ObjectStore:
             raise errors.conflict(rtype.plural, rtype.group, name, errors.STALE)
         if md.get("finalizers"):
             if md.get("deletionTimestamp"):
-                return copy.deepcopy(old)
-            new = copy.deepcopy(old)
+                return clone(old)
+            new = clone(old)
             meta(new).update(deletionTimestamp=now(), deletionGracePeriodSeconds=0)
             return self._commit(rtype, old, new)
         del self._objects[rtype.key][(md.get("namespace", ""), name)]
         self._encoded[rtype.key].pop((md.get("namespace", ""), name), None)
-        gone = copy.deepcopy(old)
+        gone = clone(old)
         meta(gone)["resourceVersion"] = self._next_rv()
         self._emit("DELETED", rtype, gone, old)
         orphan = (options or {}).get("propagationPolicy") == "Orphan" or (options or {}).get(
             "orphanDependents"
         )
         self._after_delete(rtype, gone, collect=not orphan)
-        return copy.deepcopy(gone)
+        return clone(gone)
 
     def _after_delete(self, rtype: catalog.ResourceType, obj: Obj, *, collect: bool = True) -> None:
         if collect:
@@ -441,7 +441,7 @@ class ObjectStore:
         uid = meta(binding).get("uid")
         if uid and uid != meta(old).get("uid"):
             raise errors.conflict("pods/binding", "", name, "Precondition failed: UID mismatch")
-        new = copy.deepcopy(old)
+        new = clone(old)
         new.setdefault("spec", {})["nodeName"] = target
         annotations = meta(binding).get("annotations") or {}
         if annotations:
@@ -454,7 +454,7 @@ class ObjectStore:
     ) -> Obj:
         """An in-process status write (the kubelet's): ``mutate`` edits a copy of the object."""
         old = self._existing(rtype, namespace, name)
-        new = copy.deepcopy(old)
+        new = clone(old)
         mutate(new)
         return self._update(rtype, old, new, "status")
 

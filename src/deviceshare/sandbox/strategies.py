@@ -8,10 +8,11 @@ built-in kinds (pod containers, pod spec immutability, CRD required fields).
 
 from __future__ import annotations
 
+import copy
 import datetime
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from deviceshare.sandbox import catalog, errors, schema
 
@@ -23,6 +24,27 @@ _POD_SPEC_MUTABLE = ("activeDeadlineSeconds", "tolerations", "terminationGracePe
 
 def now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+_T = TypeVar("_T")
+_ATOMS = (str, int, float, bool, type(None))
+
+
+def clone(value: _T) -> _T:
+    """A deep copy of a JSON-like tree, ~3x faster than ``copy.deepcopy`` (no memo, no dispatch table):
+    the store copies every object it hands out and every watch event, so this is its hottest path."""
+    return cast(_T, _clone(value))
+
+
+def _clone(value: Any) -> Any:
+    kind = type(value)
+    if kind is dict:
+        return {k: _clone(v) for k, v in value.items()}
+    if kind is list:
+        return [_clone(v) for v in value]
+    if kind in _ATOMS:
+        return value
+    return copy.deepcopy(value)  # anything else (never stored by the API paths; kept exact anyway)
 
 
 def meta(obj: Mapping[str, Any]) -> dict[str, Any]:
