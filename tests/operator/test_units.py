@@ -135,3 +135,17 @@ def test_an_assumed_binding_survives_an_older_event() -> None:
     assert cluster.pods[("ns", "p")].env_annotations == {"NVIDIA_VISIBLE_DEVICES": "0"}
     cluster.upsert_pod(_pod("p", "g", "n1", None))
     assert cluster.members_on_devices(("ns", "g"))[0].name == "p"
+
+
+def test_only_event_handlers_so_kopf_needs_no_diff_base() -> None:
+    """NoDiffBase is only sound while Kopf has no change handler (on.create/update/delete/field) to feed."""
+    import kopf
+
+    from deviceshare.operator import handlers
+    from deviceshare.operator.config import OperatorConfig
+
+    registry = kopf.OperatorRegistry()
+    handlers.register(registry, OperatorConfig())
+    assert list(registry._changing.get_all_handlers()) == []
+    assert list(registry._spawning.get_all_handlers()) == []
+    assert len(list(registry._watching.get_all_handlers())) == 2  # nodes, groups (pods: our reflector)
