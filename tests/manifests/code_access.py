@@ -112,12 +112,25 @@ def storage_calls(path: Path = STORAGE) -> list[tuple[str, str]]:
     return out
 
 
+_REFLECTED = re.compile(r"k8s\.CoreV1Api\(self\._client\)\.(list_\w+)")
+
+
+def storage_reflected(path: Path | None = None) -> set[Access]:
+    """list + watch for each collection the storage module mirrors with a ``watching.Reflector``."""
+    source = (path or STORAGE).read_text()
+    if _REFLECTED.search(source) and "watching.Reflector(" not in source:
+        raise UnresolvedCall("a list call in the storage module that no Reflector uses")
+    return {Access("", _core_plural(m), v) for m in _REFLECTED.findall(source) for v in ("list", "watch")}
+
+
 def api_client_uses(package: Path) -> Iterator[str]:
     """Places in ``package`` that talk to the API other than through ``ClusterApi._call``."""
     pattern = re.compile(r"\.call_api\(|CoreV1Api|CustomObjectsApi|ApiextensionsV1Api|EventsV1Api|AppsV1Api")
     for file in sorted(package.glob("*.py")):
         for lineno, line in enumerate(file.read_text().splitlines(), 1):
-            if pattern.search(line) and not (file == STORAGE and "self._client.call_api(" in line):
+            if pattern.search(line) and not (
+                file == STORAGE and ("self._client.call_api(" in line or _REFLECTED.search(line))
+            ):
                 yield f"{file.relative_to(SRC)}:{lineno}: {line.strip()}"
 
 
@@ -167,7 +180,7 @@ def kopf_needs(*, peering: bool) -> set[Access]:
 
 
 def operator_needs(*, peering: bool) -> set[Access]:
-    return {access_for(m, p) for m, p in storage_calls()} | kopf_needs(peering=peering)
+    return {access_for(m, p) for m, p in storage_calls()} | storage_reflected() | kopf_needs(peering=peering)
 
 
 # -- webhook -----------------------------------------------------------------------------------

@@ -25,6 +25,9 @@ class OperatorConfig:
     unschedulable_flush: float = 60.0
     # Coalesce bursts of member changes into one group status write.
     status_debounce: float = 0.05
+    # A new group with no member pod yet gets its first status (Pending, WaitingForMembers) after this
+    # long; usually its first pod comes sooner and the placement writes the first status instead.
+    new_group_grace: float = 1.0
     # A member pod a group has waited on this long (to release its devices) is read again from the API:
     # Kopf re-lists after a watch answers 410 Gone, and a list never reports what was deleted meanwhile.
     member_recheck: float = 10.0

@@ -42,6 +42,7 @@ class GroupReconciler:
         self._request_later = request_later
         self._pod_read = pod_read  # a member re-read from the API (None: it no longer exists)
         self._waiting_since: dict[state_.GroupKey, float] = {}  # groups whose release waits on members
+        self._new_groups: dict[state_.GroupKey, float] = {}  # first seen, for groups with no status yet
 
     async def reconcile(self, gkey: state_.GroupKey) -> bool:
         """Bring one group up to date. Returns True if devices were released (parked pods may now fit)."""
@@ -72,6 +73,7 @@ class GroupReconciler:
             self._waiting_since.pop(gkey, None)
 
         if group is None:
+            self._new_groups.pop(gkey, None)
             # Gone from the API (its finalizer removed by someone else): still never free devices under a pod.
             if allocation is not None and not on_devices:
                 ctx.ledger.release(gkey)
@@ -213,11 +215,17 @@ class GroupReconciler:
         gkey = group.key
         allocation = ctx.ledger.allocation(gkey)
         live = ctx.state.live_members(gkey)
-        if (
-            allocation is None and not group.status.conditions and gkey not in ctx.unschedulable
-            and not group.deleting and any(not p.node_name for p in live)
-        ):
-            return  # a brand-new group whose pod is being placed: the placement writes its first status
+        if allocation is None and not group.status.conditions and gkey not in ctx.unschedulable and not group.deleting:
+            if any(not p.node_name for p in live):
+                return  # a brand-new group whose pod is being placed: the placement writes its first status
+            # Brand new and no member yet: its pods usually follow within moments (one kubectl apply), and
+            # then the placement writes the first status; say WaitingForMembers only if they do not.
+            now = time.monotonic()
+            first_seen = self._new_groups.setdefault(gkey, now)
+            if now - first_seen < ctx.config.new_group_grace:
+                self._request_later(gkey, first_seen + ctx.config.new_group_grace - now)
+                return
+        self._new_groups.pop(gkey, None)
         conditions = statuses.wire_conditions(group.status.conditions)
         gen = group.generation
 

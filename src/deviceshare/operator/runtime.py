@@ -1,6 +1,7 @@
 """The running operator: feeds watch events into state, runs scheduling workers and group reconciles.
 
-Kopf handlers call the ``on_*`` methods (synchronous, cheap: they only record and enqueue). Decisions
+Kopf handlers (nodes, groups) and our own pod reflector call the ``on_*`` methods (synchronous, cheap:
+they only record and enqueue). Decisions
 happen in worker tasks taking pods off the :class:`~.queue.SchedulingQueue`; group status work happens
 in a debounced reconcile loop. Before any of that starts, :meth:`Runtime.rebuild` reconstructs the
 ledger from the API, so a restarted operator never hands out a device the API shows as taken.
@@ -48,6 +49,7 @@ class Runtime:
         self._workers: list[asyncio.Task[None]] = []
         self.started = False
         self.leadership: Leadership | None = None
+        self.pod_reflector = ctx.api.pod_reflector(PodFeed(self))
         ctx.metrics.bind_ledger(ctx.ledger)
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -56,6 +58,7 @@ class Runtime:
         """Standalone: rebuild and schedule now. Peered: stand by until elected (see leadership.py)."""
         loop = asyncio.get_running_loop()
         config = self.ctx.config
+        self._tasks.append(loop.create_task(self.pod_reflector.run(), name="watch pods"))
         if config.peering_name is None:
             await self.rebuild()
             self._start_scheduling()
@@ -204,7 +207,7 @@ class Runtime:
         if event_type == "DELETED":
             meta = body.get("metadata") or {}
             key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
-            self._pod_gone(key, str(meta.get("uid", "")))
+            self.pod_gone(key, str(meta.get("uid", "")))
             return
         pod = state_.pod_record(body)
         old = ctx.state.upsert_pod(pod)
@@ -222,7 +225,7 @@ class Runtime:
         if old is not None and old.on_devices and not pod.on_devices:
             self.queue.move_parked()
 
-    def _pod_gone(self, key: state_.PodKey, uid: str) -> None:
+    def pod_gone(self, key: state_.PodKey, uid: str) -> None:
         ctx = self.ctx
         held = ctx.state.pods.get(key)
         if held is not None and uid and held.uid != uid:
@@ -243,7 +246,7 @@ class Runtime:
         if body is None or meta.get("uid") != pod.uid:
             logger.info("pod %s/%s is gone; its deletion never came on the watch", *pod.key)
             self.ctx.metrics.missed_deletions.labels("pod").inc()
-            self._pod_gone(pod.key, pod.uid)
+            self.pod_gone(pod.key, pod.uid)
             return
         held = self.ctx.state.pods.get(pod.key)
         if held is not None and held.uid == pod.uid and state_.newer(
@@ -399,6 +402,40 @@ class Runtime:
                 self._request_reconcile(group.key)
                 forgotten += 1
         return forgotten
+
+
+class PodFeed:
+    """The pod reflector's sink. Events go to :meth:`Runtime.on_pod`; a list (the first, and each relist
+    after a watch expired) is the whole truth at its resourceVersion, so a pod we hold that it lacks,
+    and that we last saw at or before that version, was deleted while we were not watching."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+
+    def replace(self, objects: list[Mapping[str, Any]]) -> None:
+        runtime = self.runtime
+        state = runtime.ctx.state
+        listed: set[state_.PodKey] = set()
+        for body in objects:
+            meta = body.get("metadata") or {}
+            key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
+            listed.add(key)
+            held = state.pods.get(key)
+            if held is not None and held.uid == meta.get("uid") and not state_.newer(
+                str(meta.get("resourceVersion", "")), held.resource_version
+            ):
+                continue  # we already hold a newer version (a rebuild's list, our own write's answer)
+            runtime.on_pod("ADDED", body)
+        version = runtime.pod_reflector.resource_version
+        if version is None:
+            return
+        for key, held in list(state.pods.items()):
+            if key not in listed and state_.newer(version, held.resource_version):
+                runtime.ctx.metrics.missed_deletions.labels("pod").inc()
+                runtime.pod_gone(key, held.uid)
+
+    def apply(self, event_type: str, obj: Mapping[str, Any]) -> None:
+        self.runtime.on_pod(event_type, obj)
 
 
 async def _cancel(tasks: list[asyncio.Task[None]]) -> None:

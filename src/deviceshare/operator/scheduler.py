@@ -1,6 +1,7 @@
 """One scheduling cycle for one pod: decide with the core, persist, annotate, bind — or roll back.
 
 The order is what makes a crash at any step safe:
+0. make sure the group carries our finalizer (so its deletion waits for the release);
 1. reserve devices in the ledger (in memory, in flight);
 2. persist the allocation in the group's status, conditional on its resourceVersion — from here on a
    restarted operator rebuilds the claim from the API;
@@ -107,6 +108,7 @@ class PodScheduler:
             return Outcome(
                 Result.UNSCHEDULABLE, f'SharedDeviceGroup "{gkey[1]}" has an invalid spec: {group.spec_error}'
             )
+        spec = group.spec
         if gkey in ctx.conflicts:
             others = ", ".join(f"{ns}/{n}" for ns, n in sorted(ctx.conflicts[gkey]))
             return Outcome(
@@ -118,7 +120,19 @@ class PodScheduler:
         allocation = ctx.ledger.allocation(gkey)
         fresh = allocation is None
         if allocation is None:
-            request = placement.GroupRequest.from_spec(gkey, group.spec)
+            if names.GROUP_FINALIZER not in group.finalizers:
+                # Before the group claims anything: a deletion from here on waits for us (Releasing), even
+                # one that comes before the reconciler would have got round to adding the finalizer.
+                body = await ctx.api.set_group_finalizers(
+                    gkey, [*group.finalizers, names.GROUP_FINALIZER], resource_version=group.resource_version
+                )
+                marked = state_.group_record(body)
+                ctx.state.upsert_group(marked)
+                if marked.deleting or marked.spec != spec:
+                    return Outcome(Result.RETRY, "the group changed while its finalizer was added", retry_after=0.05)
+                group = dataclasses.replace(group, resource_version=marked.resource_version,
+                                            finalizers=marked.finalizers)
+            request = placement.GroupRequest.from_spec(gkey, spec)
             decided = placement.schedule_group(ctx.ledger, request, pod.demand)
             if isinstance(decided, placement.Unschedulable):
                 ctx.unschedulable[gkey] = decided.message()
@@ -135,7 +149,7 @@ class PodScheduler:
         else:
             if allocation.state is not ledgers.AllocationState.COMMITTED:
                 return Outcome(Result.RETRY, "group placement in flight", retry_after=0.1)
-            limit = group.spec.max_members
+            limit = spec.max_members
             if limit:
                 placed = [p for p in ctx.state.members_on_devices(gkey) if p.key != pod.key]
                 if len(placed) >= limit:
@@ -179,9 +193,14 @@ class PodScheduler:
     async def _persist(self, group: state_.GroupRecord, allocation: ledgers.Allocation) -> dict[str, Any]:
         """Write the allocation into the group's status, conditional on what we last saw of the group."""
         current = group
+        # The members too (pending ones count, as in every status write): the status is then already
+        # right once they are bound, and no second write follows this one.
+        members = [p.name for p in self.ctx.state.live_members(group.key)]
         for _ in range(5):
             status = {
                 "phase": names.PHASE_BOUND,
+                "members": members,
+                "memberCount": len(members),
                 "nodeName": allocation.node,
                 "allocatedDevices": {r: list(ids) for r, ids in sorted(allocation.devices.items())},
                 "observedGeneration": current.generation,

@@ -1,5 +1,8 @@
 """The operator's only door to the API server: every read it makes outside Kopf's watches, and every write.
 
+Pods are watched here too (:meth:`ClusterApi.pod_reflector`), not through Kopf: they are most of the
+events, and Kopf's per-event machinery cost more than the whole scheduling decision.
+
 API exceptions are converted here, once, into errors by intent: ``Conflict`` (stale resourceVersion or
 a precondition failed: re-read and retry), ``Gone`` (the object no longer exists), ``Invalid`` (the API
 refused the content: do not retry) and ``kopf.TemporaryError`` for the rest (retry with backoff).
@@ -18,7 +21,7 @@ import kopf
 from kubernetes_asyncio import client as k8s
 
 from deviceshare.api import names
-from deviceshare.kube import rest
+from deviceshare.kube import rest, watching
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +70,14 @@ class ClusterApi:
         self._client = api_client
         # No call may hang for ever: a stuck write would hold its group's lock.
         self.request_timeout = request_timeout
+
+    def pod_reflector(self, sink: watching.Sink, *, watch_timeout_s: int = 300) -> watching.Reflector:
+        """A list+watch of every pod, feeding ``sink`` (a relist hands over the whole collection, so
+        deletions missed while the watch was down are seen, unlike Kopf's re-list)."""
+        call = k8s.CoreV1Api(self._client).list_pod_for_all_namespaces
+        return watching.Reflector(
+            call, sink, name="pods", watch_timeout_s=watch_timeout_s, request_timeout_s=self.request_timeout
+        )
 
     async def close(self) -> None:
         await self._client.close()
