@@ -90,11 +90,11 @@ async def test_a_pod_deletion_lost_in_a_watch_relist_does_not_hold_the_devices(c
     """Kopf re-lists after a watch answers 410 Gone, and a list never reports what was deleted in between.
 
     The group's member is deleted while the watches are stalled, then history is compacted: the operator
-    never sees a DELETED event for the pod. It must still find out (by reading the member again) and
-    release the deleted group instead of waiting on a pod that no longer exists.
+    never sees a DELETED event for the pod. Its pod reflector's relist must tell (the list lacks the pod),
+    and the deleted group be released instead of waiting on a pod that no longer exists.
     """
     workload.ensure_namespace(cluster, NS)
-    running = await launch(operator_config(cluster, member_recheck=0.5))
+    running = await launch(operator_config(cluster, member_recheck=500))  # the relist alone must do
     try:
         cluster.create(workload.group_body(NS, "ghost", {workload.GPU: 2}))
         cluster.create(workload.pod_body(NS, "ghost-0", "ghost"))
@@ -147,4 +147,26 @@ async def test_a_group_force_deleted_during_a_watch_relist_gives_its_devices_bac
         assert missed.labels("group")._value.get() == 1
         assert missed.labels("pod")._value.get() == 1
     finally:
+        await kill(running)
+
+
+async def test_a_member_is_read_again_while_the_pod_watch_hangs(cluster: Any) -> None:
+    """The pod watch re-connects but hangs (no events, no error, for longer than the test), while the group
+    watch works: the group is deleted, its member too, and only reading the member again tells."""
+    workload.ensure_namespace(cluster, NS)
+    running = await launch(operator_config(cluster, member_recheck=0.5))
+    try:
+        cluster.create(workload.group_body(NS, "hung", {workload.GPU: 2}))
+        cluster.create(workload.pod_body(NS, "hung-0", "hung"))
+        await workload.until(lambda: workload.bound_pods(cluster, NS), "hung-0 bound")
+        await workload.until(lambda: has_finalizer(cluster, "hung"), "the finalizer on the group")
+        cluster.inject_fault("GET", r"^/api/v1/pods$", delay=60.0, times=1)
+        cluster.drop_watches()
+        await asyncio.sleep(0.3)  # the pod watch is back, hanging; the group watch is live
+        cluster.delete("pods", "hung-0", NS)
+        cluster.delete(names.PLURAL, "hung", NS)
+        await workload.until(lambda: cluster.get(names.PLURAL, "hung", NS) is None, "the group released and gone", 10)
+        assert running.memo.runtime.ctx.metrics.missed_deletions.labels("pod")._value.get() == 1
+    finally:
+        cluster.clear_faults()
         await kill(running)
