@@ -47,7 +47,7 @@ import psutil  # type: ignore[import-untyped]
 import yaml
 
 from deviceshare.api import names
-from deviceshare.kube import connecting
+from deviceshare.kube import connecting, loops
 from deviceshare.operator import context, runtime, storage
 from deviceshare.operator.config import OperatorConfig
 
@@ -88,7 +88,8 @@ def _sandbox_main(
     if profiler is not None:
         profiler.enable()
     try:
-        asyncio.run(_serve_sandbox(sizes, prepopulate, Path(kubeconfig), ready, stop))
+        with asyncio.Runner(loop_factory=loops.event_loop_factory()) as runner:  # as `deviceshare sandbox`
+            runner.run(_serve_sandbox(sizes, prepopulate, Path(kubeconfig), ready, stop))
     finally:
         if profiler is not None and profile_path:
             profiler.disable()
@@ -165,7 +166,8 @@ def _operator_main(
     if profiler is not None:
         profiler.enable()
     try:
-        asyncio.run(_run_operator(kubeconfig, ready, stop, results))
+        with asyncio.Runner(loop_factory=loops.event_loop_factory()) as runner:  # as `deviceshare operator`
+            runner.run(_run_operator(kubeconfig, ready, stop, results))
     finally:
         if profiler is not None and profile_path:
             profiler.disable()

@@ -28,6 +28,7 @@ from typing import Any
 from kubernetes_asyncio import client
 from tests.webhooks import fakeapi
 
+from deviceshare.kube import loops as event_loops
 from deviceshare.webhooks import certs, server
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -189,7 +190,7 @@ async def _measure(tmp: Path, loop: str, label: str, rate: float, duration: floa
 
 def run(quick: bool) -> str:
     load_before = os.getloadavg()[0]
-    loops = {"uvloop": server.event_loop_factory(), "asyncio": None}
+    loops = {"uvloop": event_loops.event_loop_factory(), "asyncio": None}
     if loops["uvloop"] is None:
         del loops["uvloop"]
     paced_s, flat_s = (3.0, 2.0) if quick else (15.0, 10.0)
@@ -245,7 +246,7 @@ def _main() -> int:
     parser.add_argument("--concurrency", type=int, default=CONCURRENCY)
     parser.add_argument("--loop", choices=["uvloop", "asyncio"], default="uvloop")
     args = parser.parse_args()
-    factory = server.event_loop_factory() if args.loop == "uvloop" else None
+    factory = event_loops.event_loop_factory() if args.loop == "uvloop" else None
     with asyncio.Runner(loop_factory=factory) as runner:
         result = runner.run(_load(args.url, args.ca, args.rate, args.duration, args.concurrency))
     print(json.dumps(result))

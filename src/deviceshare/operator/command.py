@@ -14,6 +14,7 @@ import threading
 import kopf
 
 from deviceshare.api import envnames, names
+from deviceshare.kube import loops
 
 from . import handlers
 from .config import OperatorConfig
@@ -155,7 +156,8 @@ def run(args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     try:
-        asyncio.run(run_operator(config_from_args(args)))
+        with asyncio.Runner(loop_factory=loops.event_loop_factory()) as runner:
+            runner.run(run_operator(config_from_args(args)))
     except envnames.EnvNameConfigError as e:
         logging.error("%s", e)
         return 2

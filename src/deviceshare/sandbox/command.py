@@ -8,6 +8,7 @@ import contextlib
 import signal
 from pathlib import Path
 
+from deviceshare.kube import loops
 from deviceshare.sandbox import cluster
 
 
@@ -60,5 +61,6 @@ async def serve(args: argparse.Namespace, ready: asyncio.Event | None = None) ->
 
 
 def run(args: argparse.Namespace) -> int:
-    asyncio.run(serve(args))
+    with asyncio.Runner(loop_factory=loops.event_loop_factory()) as runner:
+        runner.run(serve(args))
     return 0

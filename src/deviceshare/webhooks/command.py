@@ -14,6 +14,7 @@ import os
 import signal
 
 from deviceshare.api import envnames, names
+from deviceshare.kube import loops
 from deviceshare.webhooks import server
 
 
@@ -49,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     env_names = envnames.EnvNames.from_file(args.env_config) if args.env_config else envnames.EnvNames()
-    with asyncio.Runner(loop_factory=server.event_loop_factory()) as runner:
+    with asyncio.Runner(loop_factory=loops.event_loop_factory()) as runner:
         runner.run(_serve(args, env_names))
     return 0
 

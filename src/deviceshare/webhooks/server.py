@@ -18,7 +18,6 @@ import gc
 import json
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -125,16 +124,6 @@ class Webhook:
 
     async def exposition(self, request: web.Request) -> web.Response:
         return web.Response(body=self.metrics.exposition(), headers={"Content-Type": metrics.CONTENT_TYPE})
-
-
-def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """uvloop's loop where installed (less overhead per request; ``docs/benchmarks.md`` compares
-    it with asyncio's default loop side by side), else ``None``: asyncio's default loop."""
-    try:
-        import uvloop  # type: ignore[import-not-found, unused-ignore]
-    except ImportError:
-        return None
-    return uvloop.new_event_loop
 
 
 def freeze_startup_heap() -> None:
