@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import logging
 from collections.abc import AsyncIterator, Iterator
@@ -16,6 +17,11 @@ from . import storage
 from .config import OperatorConfig
 
 logger = logging.getLogger("deviceshare.operator")
+
+# Events are advisory: a few posters drain them in order, so a burst of placements does not spend its
+# CPU and API round trips on them first (kube-scheduler's recorder is asynchronous and bounded too).
+EVENT_POSTERS = 4
+EVENT_BACKLOG = 10_000
 
 
 class GroupLocks:
@@ -56,18 +62,30 @@ class Context:
     conflicts: dict[state_.GroupKey, set[state_.GroupKey]] = dataclasses.field(default_factory=dict)
     # Events are posted in the background so a slow API never holds a group lock.
     background: set[asyncio.Task[None]] = dataclasses.field(default_factory=set)
+    _events: collections.deque[tuple[state_.PodRecord | state_.GroupRecord, str, str, bool]] = dataclasses.field(
+        default_factory=collections.deque
+    )
 
     def event(
         self, obj: state_.PodRecord | state_.GroupRecord, reason: str, message: str, *, warning: bool = False
     ) -> None:
-        task = asyncio.get_running_loop().create_task(self._post_event(obj, reason, message, warning))
-        self.background.add(task)
-        task.add_done_callback(self.background.discard)
+        if len(self._events) >= EVENT_BACKLOG:
+            dropped = self._events.popleft()
+            logger.warning("event backlog full; dropped %s for %s/%s", dropped[1], *dropped[0].key)
+        self._events.append((obj, reason, message, warning))
+        if sum(not t.done() for t in self.background) < EVENT_POSTERS:
+            task = asyncio.get_running_loop().create_task(self._post_events())
+            self.background.add(task)
+            task.add_done_callback(self.background.discard)
 
     async def drain(self) -> None:
         """Wait for background event posts (at shutdown, and in tests)."""
         while self.background:
             await asyncio.gather(*list(self.background), return_exceptions=True)
+
+    async def _post_events(self) -> None:
+        while self._events:
+            await self._post_event(*self._events.popleft())
 
     async def _post_event(
         self, obj: state_.PodRecord | state_.GroupRecord, reason: str, message: str, warning: bool

@@ -101,6 +101,13 @@ class PodScheduler:
         ctx = self.ctx
         group = ctx.state.groups.get(gkey)
         if group is None:
+            # Pods and groups come on separate watches: a pod often arrives before its group (the webhook
+            # let it in because the group exists). Ask the API once before calling the pod unschedulable.
+            body = await ctx.api.get_group_if_exists(gkey)
+            if body is not None:
+                ctx.state.upsert_group(state_.group_record(body))
+                group = ctx.state.groups.get(gkey)
+        if group is None:
             return Outcome(Result.UNSCHEDULABLE, f'SharedDeviceGroup "{gkey[1]}" not found in namespace "{gkey[0]}"')
         if group.deleting:
             return Outcome(Result.UNSCHEDULABLE, f'SharedDeviceGroup "{gkey[1]}" is being deleted')

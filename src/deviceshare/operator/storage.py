@@ -116,6 +116,12 @@ class ClusterApi:
         data: dict[str, Any] = await self._call("GET", _group_path(key), f"get shareddevicegroup {key[0]}/{key[1]}")
         return data
 
+    async def get_group_if_exists(self, key: GroupKey) -> dict[str, Any] | None:
+        try:
+            return await self.get_group(key)
+        except Gone:
+            return None
+
     async def get_pod(self, key: PodKey) -> dict[str, Any] | None:
         """The pod as the API shows it now; None if it does not exist."""
         try:
