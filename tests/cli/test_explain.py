@@ -27,11 +27,15 @@ async def _explain(capsys: pytest.CaptureFixture[str], cluster: Sandbox, *argv: 
     return rc, out, err
 
 
-async def _wait_unschedulable(kube: Kube, ns: str, name: str) -> dict[str, Any]:
+async def _wait_unschedulable(kube: Kube, ns: str, name: str, saying: str = "") -> dict[str, Any]:
+    """Until the pod is marked unschedulable (with ``saying`` in the message: the operator may first judge
+    from a node it has not yet seen relabelled, and corrects the reason when the node event arrives)."""
+
     async def probe() -> dict[str, Any] | None:
         pod = await kube.pod(ns, name)
         cond = scheduled_condition(pod or {})
-        return pod if cond and cond.get("status") == "False" and cond.get("message") else None
+        message = (cond or {}).get("message") or ""
+        return pod if cond and cond.get("status") == "False" and message and saying in message else None
 
     result: dict[str, Any] = await kube.wait_for(probe, f"{ns}/{name} to be marked unschedulable")
     return result
@@ -104,7 +108,7 @@ async def test_group_node_selector_and_max_members_hints(
     await kube.create_pod("ml", "pair-0", "pair")
     await kube.wait_bound("ml", "pair-0")
     await kube.create_pod("ml", "pair-1", "pair")
-    await _wait_unschedulable(kube, "ml", "picky-0")
+    await _wait_unschedulable(kube, "ml", "picky-0", "1 not in shared mode")
     await _wait_unschedulable(kube, "ml", "pair-1")
 
     rc, out, _ = await _explain(capsys, cluster, "picky-0", "-n", "ml")

@@ -421,10 +421,10 @@ class PodFeed:
             key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
             listed.add(key)
             held = state.pods.get(key)
-            if held is not None and held.uid == meta.get("uid") and not state_.newer(
-                str(meta.get("resourceVersion", "")), held.resource_version
+            if held is not None and held.uid == meta.get("uid") and state_.newer(
+                held.resource_version, str(meta.get("resourceVersion", ""))
             ):
-                continue  # we already hold a newer version (a rebuild's list, our own write's answer)
+                continue  # we already hold this version or a newer one (a rebuild's list, our own write)
             runtime.on_pod("ADDED", body)
         version = runtime.pod_reflector.resource_version
         if version is None:
