@@ -19,6 +19,7 @@ from typing import Any
 
 from deviceshare.core import inventory
 from deviceshare.core import ledger as ledgers
+from deviceshare.kube import watching
 
 from . import rebuild as rebuild_
 from . import state as state_
@@ -49,7 +50,7 @@ class Runtime:
         self._workers: list[asyncio.Task[None]] = []
         self.started = False
         self.leadership: Leadership | None = None
-        self.pod_reflector = ctx.api.pod_reflector(PodFeed(self))
+        self.pod_reflector: watching.Reflector | None = None  # the pods feed, from the first election on
         ctx.metrics.bind_ledger(ctx.ledger)
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -58,7 +59,6 @@ class Runtime:
         """Standalone: rebuild and schedule now. Peered: stand by until elected (see leadership.py)."""
         loop = asyncio.get_running_loop()
         config = self.ctx.config
-        self._tasks.append(loop.create_task(self.pod_reflector.run(), name="watch pods"))
         if config.peering_name is None:
             await self.rebuild()
             self._start_scheduling()
@@ -84,6 +84,11 @@ class Runtime:
 
     def _start_scheduling(self) -> None:
         loop = asyncio.get_running_loop()
+        if self.pod_reflector is None:
+            # Pods are watched from here on: the rebuild just listed them, and a standby has no use for
+            # them (its state is replaced when it is elected). Its first list replaces the rebuild's.
+            self.pod_reflector = self.ctx.api.pod_reflector(PodFeed(self))
+            self._tasks.append(loop.create_task(self.pod_reflector.run(), name="watch pods"))
         self._workers = [loop.create_task(self._worker(i)) for i in range(self.ctx.config.workers)]
         self._workers.append(loop.create_task(self._reconcile_loop()))
         self._workers.append(loop.create_task(self._flush_loop()))
@@ -426,7 +431,7 @@ class PodFeed:
             ):
                 continue  # we already hold this version or a newer one (a rebuild's list, our own write)
             runtime.on_pod("ADDED", body)
-        version = runtime.pod_reflector.resource_version
+        version = runtime.pod_reflector.resource_version if runtime.pod_reflector else None
         if version is None:
             return
         for key, held in list(state.pods.items()):
