@@ -7,9 +7,9 @@ from the ledger (the authority on devices) and the pods (the authority on who ru
 - node lost (deleted or NotReady): NodeLost condition and event; once no member runs there the devices
   go back to the ledger and the group returns to Pending, to be placed again by its next pod;
 - member pods whose device annotations were edited by hand get them back from the allocation;
-- a member a release has waited on for ``member_recheck`` seconds is read again from the API: Kopf
-  re-lists after a watch answers 410 Gone and a list reports no deletions, so without this a pod
-  deleted in that gap would hold its group's devices for ever.
+- a member a release has waited on for ``member_recheck`` seconds is read again from the API: if its
+  deletion never reached us (a pod watch that hangs without an error), it would otherwise hold its
+  group's devices for ever.
 """
 
 from __future__ import annotations

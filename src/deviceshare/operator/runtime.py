@@ -1,9 +1,8 @@
 """The running operator: feeds watch events into state, runs scheduling workers and group reconciles.
 
 Kopf handlers (nodes, groups) and our own pod reflector call the ``on_*`` methods (synchronous, cheap:
-they only record and enqueue). Decisions
-happen in worker tasks taking pods off the :class:`~.queue.SchedulingQueue`; group status work happens
-in a debounced reconcile loop. Before any of that starts, :meth:`Runtime.rebuild` reconstructs the
+they only record and enqueue). Decisions happen in worker tasks taking pods off the
+:class:`~.queue.SchedulingQueue`; group status work happens in a debounced reconcile loop. Before any of that starts, :meth:`Runtime.rebuild` reconstructs the
 ledger from the API, so a restarted operator never hands out a device the API shows as taken.
 """
 
