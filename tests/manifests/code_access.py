@@ -113,14 +113,23 @@ def storage_calls(path: Path = STORAGE) -> list[tuple[str, str]]:
 
 
 _REFLECTED = re.compile(r"k8s\.CoreV1Api\(self\._client\)\.(list_\w+)")
+_REFLECTED_CUSTOM = re.compile(
+    r"k8s\.CustomObjectsApi\(self\._client\)\.list_cluster_custom_object,\s*names\.GROUP,\s*names\.VERSION,"
+    r"\s*names\.PLURAL"
+)
 
 
 def storage_reflected(path: Path | None = None) -> set[Access]:
     """list + watch for each collection the storage module mirrors with a ``watching.Reflector``."""
     source = (path or STORAGE).read_text()
-    if _REFLECTED.search(source) and "watching.Reflector(" not in source:
+    if (_REFLECTED.search(source) or "CustomObjectsApi" in source) and "watching.Reflector(" not in source:
         raise UnresolvedCall("a list call in the storage module that no Reflector uses")
-    return {Access("", _core_plural(m), v) for m in _REFLECTED.findall(source) for v in ("list", "watch")}
+    if source.count("CustomObjectsApi(") != len(_REFLECTED_CUSTOM.findall(source)):
+        raise UnresolvedCall("a CustomObjectsApi call in the storage module this check cannot read")
+    needs = {Access("", _core_plural(m), v) for m in _REFLECTED.findall(source) for v in ("list", "watch")}
+    if _REFLECTED_CUSTOM.search(source):
+        needs |= {Access(names.GROUP, names.PLURAL, v) for v in ("list", "watch")}
+    return needs
 
 
 def api_client_uses(package: Path) -> Iterator[str]:
@@ -129,7 +138,10 @@ def api_client_uses(package: Path) -> Iterator[str]:
     for file in sorted(package.glob("*.py")):
         for lineno, line in enumerate(file.read_text().splitlines(), 1):
             if pattern.search(line) and not (
-                file == STORAGE and ("self._client.call_api(" in line or _REFLECTED.search(line))
+                file == STORAGE and (
+                    "self._client.call_api(" in line or _REFLECTED.search(line)
+                    or "k8s.CustomObjectsApi(self._client).list_cluster_custom_object," in line
+                )
             ):
                 yield f"{file.relative_to(SRC)}:{lineno}: {line.strip()}"
 

@@ -77,9 +77,12 @@ def test_kopf_needs_follow_its_mode() -> None:
     assert Access("kopf.dev", "clusterkopfpeerings", "patch") in with_peering
     assert not any(a.resource == "namespaces" for a in with_peering)  # cluster-wide Kopf does not scan them
     assert {a.resource for a in with_peering - code_access.kopf_needs(peering=False)} == {"clusterkopfpeerings"}
-    assert {a.resource for a in with_peering if a.verb == "watch"} >= {"nodes", "shareddevicegroups"}
+    assert {a.resource for a in with_peering if a.verb == "watch"} >= {"nodes"}
 
 
-def test_the_operator_watches_pods_with_its_own_reflector() -> None:
-    assert code_access.storage_reflected() == {Access("", "pods", "list"), Access("", "pods", "watch")}
+def test_the_operator_watches_pods_and_groups_with_its_own_reflectors() -> None:
+    assert code_access.storage_reflected() == {
+        Access("", "pods", "list"), Access("", "pods", "watch"),
+        Access("deviceshare.io", "shareddevicegroups", "list"), Access("deviceshare.io", "shareddevicegroups", "watch"),
+    }
     assert Access("", "pods", "watch") in code_access.operator_needs(peering=False)

@@ -120,19 +120,11 @@ async def test_a_pod_deletion_lost_in_a_watch_relist_does_not_hold_the_devices(c
 
 async def test_a_group_force_deleted_during_a_watch_relist_gives_its_devices_back(cluster: Any) -> None:
     """An admin clears the finalizer and deletes the group (and its pod) while the watches are down, and
-    the history is compacted: no DELETED event ever comes. The periodic audit must find both gone."""
+    the history is compacted: no DELETED event ever comes. The reflectors' relists must find both gone."""
     workload.ensure_namespace(cluster, NS)
-    running = await launch(operator_config(cluster, audit_interval=0.5))
+    running = await launch(operator_config(cluster, member_recheck=500))
     try:
-        cluster.create(workload.group_body(NS, "forced", {workload.GPU: 2}))
-        cluster.create(workload.pod_body(NS, "forced-0", "forced"))
-        await workload.until(lambda: workload.bound_pods(cluster, NS), "forced-0 bound")
-        await workload.until(  # the operator's own writes done: none of them can stumble on the deletion
-            lambda: has_finalizer(cluster, "forced")
-            and (cluster.get(names.PLURAL, "forced", NS).get("status") or {}).get("members") == ["forced-0"],
-            "the finalizer and a Bound status on the group",
-        )
-        await asyncio.sleep(0.2)
+        await place_and_settle(cluster, "forced")
         cluster.stall_watches()
         cluster.delete("pods", "forced-0", NS)
         cluster.patch(names.PLURAL, "forced", {"metadata": {"finalizers": None}}, NS)
@@ -148,6 +140,41 @@ async def test_a_group_force_deleted_during_a_watch_relist_gives_its_devices_bac
         assert missed.labels("pod")._value.get() == 1
     finally:
         await kill(running)
+
+
+async def test_the_audit_finds_a_group_deleted_while_its_watch_hangs(cluster: Any) -> None:
+    """The group watch re-connects and hangs (no events, no error, no relist); the group is force-deleted.
+    Nothing waits on it (its member is gone and seen gone), so only the periodic audit can tell."""
+    workload.ensure_namespace(cluster, NS)
+    running = await launch(operator_config(cluster, audit_interval=0.5))
+    try:
+        await place_and_settle(cluster, "hidden")
+        cluster.inject_fault("GET", rf"^/apis/{names.GROUP}/{names.VERSION}/{names.PLURAL}$", delay=60.0, times=1)
+        cluster.drop_watches()
+        await asyncio.sleep(0.3)  # the group watch is back, hanging; the pod watch is live
+        cluster.delete("pods", "hidden-0", NS)
+        cluster.patch(names.PLURAL, "hidden", {"metadata": {"finalizers": None}}, NS)
+        cluster.delete(names.PLURAL, "hidden", NS)
+        cluster.create(workload.group_body(NS, "next", {workload.GPU: 2}))
+        cluster.create(workload.pod_body(NS, "next-0", "next"))
+        await workload.until(lambda: workload.bound_pods(cluster, NS), "next-0 bound on the freed devices", 10)
+        assert running.memo.runtime.ctx.metrics.missed_deletions.labels("group")._value.get() == 1
+    finally:
+        cluster.clear_faults()
+        await kill(running)
+
+
+async def place_and_settle(cluster: Any, group: str) -> None:
+    """``group`` with one bound member ``<group>-0`` on 2 GPUs, and the operator's own writes all done."""
+    cluster.create(workload.group_body(NS, group, {workload.GPU: 2}))
+    cluster.create(workload.pod_body(NS, f"{group}-0", group))
+    await workload.until(lambda: workload.bound_pods(cluster, NS), f"{group}-0 bound")
+    await workload.until(
+        lambda: has_finalizer(cluster, group)
+        and (cluster.get(names.PLURAL, group, NS).get("status") or {}).get("members") == [f"{group}-0"],
+        "the finalizer and a Bound status on the group",
+    )
+    await asyncio.sleep(0.2)
 
 
 async def test_a_member_is_read_again_while_the_pod_watch_hangs(cluster: Any) -> None:

@@ -105,7 +105,4 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
     async def node_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
         memo.runtime.on_node(event["type"], event["object"])
 
-    @kopf.on.event(names.GROUP, names.VERSION, names.PLURAL, registry=registry)
-    async def group_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
-        memo.runtime.on_group(event["type"], event["object"])
-    # Pods come through the runtime's own reflector (see storage.ClusterApi.pod_reflector).
+    # Groups and pods come through the runtime's own reflectors (see storage.ClusterApi.*_reflector).

@@ -1,9 +1,10 @@
 """The running operator: feeds watch events into state, runs scheduling workers and group reconciles.
 
-Kopf handlers (nodes, groups) and our own pod reflector call the ``on_*`` methods (synchronous, cheap:
-they only record and enqueue). Decisions happen in worker tasks taking pods off the
-:class:`~.queue.SchedulingQueue`; group status work happens in a debounced reconcile loop. Before any of that starts, :meth:`Runtime.rebuild` reconstructs the
-ledger from the API, so a restarted operator never hands out a device the API shows as taken.
+Kopf handlers (nodes) and our own reflectors (groups, pods) call the ``on_*`` methods (synchronous,
+cheap: they only record and enqueue). Decisions happen in worker tasks taking pods off the
+:class:`~.queue.SchedulingQueue`; group status work happens in a debounced reconcile loop. Before any of
+that starts, :meth:`Runtime.rebuild` reconstructs the ledger from the API, so a restarted operator never
+hands out a device the API shows as taken.
 """
 
 from __future__ import annotations
@@ -49,7 +50,9 @@ class Runtime:
         self._workers: list[asyncio.Task[None]] = []
         self.started = False
         self.leadership: Leadership | None = None
-        self.pod_reflector: watching.Reflector | None = None  # the pods feed, from the first election on
+        # The pods and groups feeds, from the first election on.
+        self.pod_reflector: watching.Reflector | None = None
+        self.group_reflector: watching.Reflector | None = None
         ctx.metrics.bind_ledger(ctx.ledger)
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -84,9 +87,11 @@ class Runtime:
     def _start_scheduling(self) -> None:
         loop = asyncio.get_running_loop()
         if self.pod_reflector is None:
-            # Pods are watched from here on: the rebuild just listed them, and a standby has no use for
-            # them (its state is replaced when it is elected). Its first list replaces the rebuild's.
+            # Watched from here on: the rebuild just listed them, and a standby has no use for them (its
+            # state is replaced when it is elected). Their first lists replace the rebuild's.
+            self.group_reflector = self.ctx.api.group_reflector(GroupFeed(self))
             self.pod_reflector = self.ctx.api.pod_reflector(PodFeed(self))
+            self._tasks.append(loop.create_task(self.group_reflector.run(), name="watch groups"))
             self._tasks.append(loop.create_task(self.pod_reflector.run(), name="watch pods"))
         self._workers = [loop.create_task(self._worker(i)) for i in range(self.ctx.config.workers)]
         self._workers.append(loop.create_task(self._reconcile_loop()))
@@ -191,11 +196,7 @@ class Runtime:
     def on_group(self, event_type: str | None, body: Mapping[str, Any]) -> None:
         group = state_.group_record(body)
         if event_type == "DELETED":
-            held = self.ctx.state.groups.get(group.key)
-            if held is not None and group.uid and held.uid != group.uid:
-                return  # an earlier group of that name: the one we hold replaced it
-            self.ctx.state.groups.pop(group.key, None)
-            self._request_reconcile(group.key)
+            self.group_gone(group.key, group.uid)
             return
         old = self.ctx.state.groups.get(group.key)
         if not self.ctx.state.upsert_group(group):
@@ -228,6 +229,13 @@ class Runtime:
             self._request_reconcile(pod.group_key)
         if old is not None and old.on_devices and not pod.on_devices:
             self.queue.move_parked()
+
+    def group_gone(self, key: state_.GroupKey, uid: str) -> None:
+        held = self.ctx.state.groups.get(key)
+        if held is not None and uid and held.uid != uid:
+            return  # an earlier group of that name: the one we hold replaced it
+        self.ctx.state.groups.pop(key, None)
+        self._request_reconcile(key)
 
     def pod_gone(self, key: state_.PodKey, uid: str) -> None:
         ctx = self.ctx
@@ -402,44 +410,86 @@ class Runtime:
             if held is not None and held.uid == group.uid:
                 logger.info("group %s/%s is gone; its deletion never came on the watch", *group.key)
                 ctx.metrics.missed_deletions.labels("group").inc()
-                del ctx.state.groups[group.key]
-                self._request_reconcile(group.key)
+                self.group_gone(group.key, group.uid)
                 forgotten += 1
         return forgotten
 
 
-class PodFeed:
-    """The pod reflector's sink. Events go to :meth:`Runtime.on_pod`; a list (the first, and each relist
-    after a watch expired) is the whole truth at its resourceVersion, so a pod we hold that it lacks,
-    and that we last saw at or before that version, was deleted while we were not watching."""
+class _Feed:
+    """A reflector's sink. Events go to the runtime's ``on_*``; a list (the first, and each relist after a
+    watch expired) is the whole truth at its resourceVersion, so an object we hold that it lacks, and that
+    we last saw at or before that version, was deleted while we were not watching."""
+
+    kind = ""
 
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
 
+    def held(self) -> Mapping[tuple[str, str], state_.PodRecord | state_.GroupRecord]:
+        raise NotImplementedError
+
+    def reflector(self) -> watching.Reflector | None:
+        raise NotImplementedError
+
+    def gone(self, key: tuple[str, str], uid: str) -> None:
+        raise NotImplementedError
+
+    def apply(self, event_type: str, obj: Mapping[str, Any]) -> None:
+        raise NotImplementedError
+
     def replace(self, objects: list[Mapping[str, Any]]) -> None:
-        runtime = self.runtime
-        state = runtime.ctx.state
-        listed: set[state_.PodKey] = set()
+        held = self.held()
+        listed: set[tuple[str, str]] = set()
         for body in objects:
             meta = body.get("metadata") or {}
             key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
             listed.add(key)
-            held = state.pods.get(key)
-            if held is not None and held.uid == meta.get("uid") and state_.newer(
-                held.resource_version, str(meta.get("resourceVersion", ""))
+            have = held.get(key)
+            if have is not None and have.uid == meta.get("uid") and state_.newer(
+                have.resource_version, str(meta.get("resourceVersion", ""))
             ):
                 continue  # we already hold this version or a newer one (a rebuild's list, our own write)
-            runtime.on_pod("ADDED", body)
-        version = runtime.pod_reflector.resource_version if runtime.pod_reflector else None
+            self.apply("ADDED", body)
+        reflector = self.reflector()
+        version = reflector.resource_version if reflector else None
         if version is None:
             return
-        for key, held in list(state.pods.items()):
-            if key not in listed and state_.newer(version, held.resource_version):
-                runtime.ctx.metrics.missed_deletions.labels("pod").inc()
-                runtime.pod_gone(key, held.uid)
+        for key, have in list(held.items()):
+            if key not in listed and state_.newer(version, have.resource_version):
+                self.runtime.ctx.metrics.missed_deletions.labels(self.kind).inc()
+                self.gone(key, have.uid)
+
+
+class PodFeed(_Feed):
+    kind = "pod"
+
+    def held(self) -> Mapping[tuple[str, str], state_.PodRecord]:
+        return self.runtime.ctx.state.pods
+
+    def reflector(self) -> watching.Reflector | None:
+        return self.runtime.pod_reflector
+
+    def gone(self, key: tuple[str, str], uid: str) -> None:
+        self.runtime.pod_gone(key, uid)
 
     def apply(self, event_type: str, obj: Mapping[str, Any]) -> None:
         self.runtime.on_pod(event_type, obj)
+
+
+class GroupFeed(_Feed):
+    kind = "group"
+
+    def held(self) -> Mapping[tuple[str, str], state_.GroupRecord]:
+        return self.runtime.ctx.state.groups
+
+    def reflector(self) -> watching.Reflector | None:
+        return self.runtime.group_reflector
+
+    def gone(self, key: tuple[str, str], uid: str) -> None:
+        self.runtime.group_gone(key, uid)
+
+    def apply(self, event_type: str, obj: Mapping[str, Any]) -> None:
+        self.runtime.on_group(event_type, obj)
 
 
 async def _cancel(tasks: list[asyncio.Task[None]]) -> None:

@@ -1,7 +1,8 @@
 """The operator's only door to the API server: every read it makes outside Kopf's watches, and every write.
 
-Pods are watched here too (:meth:`ClusterApi.pod_reflector`), not through Kopf: they are most of the
-events, and Kopf's per-event machinery cost more than the whole scheduling decision.
+Pods and groups are watched here too (:meth:`ClusterApi.pod_reflector`, :meth:`ClusterApi.group_reflector`),
+not through Kopf: they are nearly all the events, and Kopf's per-event machinery cost more CPU than the
+scheduling decision itself.
 
 API exceptions are converted here, once, into errors by intent: ``Conflict`` (stale resourceVersion or
 a precondition failed: re-read and retry), ``Gone`` (the object no longer exists), ``Invalid`` (the API
@@ -11,6 +12,7 @@ refused the content: do not retry) and ``kopf.TemporaryError`` for the rest (ret
 from __future__ import annotations
 
 import datetime
+import functools
 import logging
 import secrets
 from collections.abc import Mapping
@@ -77,6 +79,15 @@ class ClusterApi:
         call = k8s.CoreV1Api(self._client).list_pod_for_all_namespaces
         return watching.Reflector(
             call, sink, name="pods", watch_timeout_s=watch_timeout_s, request_timeout_s=self.request_timeout
+        )
+
+    def group_reflector(self, sink: watching.Sink, *, watch_timeout_s: int = 300) -> watching.Reflector:
+        """A list+watch of every SharedDeviceGroup, feeding ``sink`` (as :meth:`pod_reflector`)."""
+        call = functools.partial(
+            k8s.CustomObjectsApi(self._client).list_cluster_custom_object, names.GROUP, names.VERSION, names.PLURAL
+        )
+        return watching.Reflector(
+            call, sink, name=names.PLURAL, watch_timeout_s=watch_timeout_s, request_timeout_s=self.request_timeout
         )
 
     async def close(self) -> None:
