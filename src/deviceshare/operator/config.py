@@ -28,8 +28,8 @@ class OperatorConfig:
     # A new group with no member pod yet gets its first status (Pending, WaitingForMembers) after this
     # long; usually its first pod comes sooner and the placement writes the first status instead.
     new_group_grace: float = 1.0
-    # A member pod a group has waited on this long (to release its devices) is read again from the API:
-    # Kopf re-lists after a watch answers 410 Gone, and a list never reports what was deleted meanwhile.
+    # A member pod a group has waited on this long (to release its devices) is read again from the API,
+    # in case its deletion never reached us (a watch that hangs without an error).
     member_recheck: float = 10.0
     # Every so often, pods and groups we hold that a fresh list lacks are read one by one and forgotten
     # if the API no longer has them (the same lost deletions, for objects nothing is waiting on).

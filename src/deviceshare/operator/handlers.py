@@ -1,10 +1,11 @@
-"""Kopf handlers: translate watch events and lifecycle hooks into calls on the :class:`Runtime`.
+"""Kopf handlers: the lifecycle (login, start-up, clean-up), peering and node events, handed to the :class:`Runtime`.
 
 Thin on purpose, and ``async`` on purpose: Kopf runs sync handlers in a thread pool, and our state
 is owned by the event loop. Handlers are registered on a registry passed in, so tests can run several isolated
 operators (e.g. two replicas under peering) in one process. Only ``on.event`` handlers are used:
-Kopf then keeps no progress annotations on pods or groups, and our own finalizer (not Kopf's) guards
-group deletion.
+Kopf then keeps no progress annotations on our objects, and our own finalizer (not Kopf's) guards group
+deletion. Groups and pods, nearly all the events, come through the runtime's own reflectors instead
+(see ``storage.ClusterApi.pod_reflector``): Kopf's per-event machinery cost more than the decisions.
 """
 
 from __future__ import annotations
@@ -46,8 +47,8 @@ def connection_info(cfg: k8s.Configuration) -> kopf.ConnectionInfo:
 
 class NoDiffBase(kopf.DiffBaseStorage):
     """No diff base: we register ``on.event`` handlers only, which get no diff, yet Kopf builds one
-    (a deep copy of the body, then a comparison) for every event. At thousands of pod events a second
-    that was the largest single cost in the operator's profile; there is nothing to store either."""
+    (a deep copy of the body, then a comparison) for every event; while pods came through Kopf that was
+    the largest single cost in the operator's profile. There is nothing to store either."""
 
     def build(self, *, body: kopf.Body, extra_fields: Any = None) -> kopf.BodyEssence:
         return kopf.BodyEssence()
