@@ -129,33 +129,7 @@ class ApiServer(kmock.KubernetesScaffold):
         pass  # no canned fallbacks: unmatched requests are served by the store
 
     async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
-        try:
-            if self._payloads:  # kmock's DSL filters on what its full parse extracts
-                request = await kmock.Request._parse(raw_request, id=len(self._requests))
-            else:  # what the sandbox itself reads: a third of the parse's cost, on every request
-                body = await raw_request.read()
-                request = kmock.Request(
-                    id=len(self._requests),
-                    raw_request=raw_request,
-                    url=raw_request.url,
-                    method=raw_request.method,
-                    params=dict(raw_request.query),
-                    headers=dict(raw_request.headers),
-                    body=body,
-                    text=body.decode(errors="replace"),
-                )
-        except ValueError:  # kmock's path parser trips on e.g. /api/v1/namespaces; keep the HTTP facts
-            body = await raw_request.read()
-            request = kmock.Request(
-                id=len(self._requests),
-                raw_request=raw_request,
-                url=raw_request.url,
-                method=raw_request.method,
-                params=dict(raw_request.query),
-                headers=dict(raw_request.headers),
-                body=body,
-                text=body.decode(errors="replace"),
-            )
+        request = await self._parse(raw_request)
         self._requests.append(request)
         try:
             return await self._handle(request)
@@ -164,6 +138,25 @@ class ApiServer(kmock.KubernetesScaffold):
                 self._errors[-1].append(e)
             response: aiohttp.web.StreamResponse = await self._render_error(e)
             return response
+
+    async def _parse(self, raw_request: aiohttp.web.BaseRequest) -> kmock.Request:
+        if self._payloads:  # kmock's DSL filters on what its full parse extracts
+            try:
+                return await kmock.Request._parse(raw_request, id=len(self._requests))
+            except ValueError:  # its path parser trips on e.g. /api/v1/namespaces; keep the HTTP facts
+                pass
+        # What the sandbox itself reads: a third of the full parse's cost, on every request.
+        body = await raw_request.read()
+        return kmock.Request(
+            id=len(self._requests),
+            raw_request=raw_request,
+            url=raw_request.url,
+            method=raw_request.method,
+            params=dict(raw_request.query),
+            headers=dict(raw_request.headers),
+            body=body,
+            text=body.decode(errors="replace"),
+        )
 
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
         if len(self._requests) > _REQUEST_LOG_LIMIT:
