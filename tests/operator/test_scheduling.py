@@ -217,3 +217,15 @@ async def test_hand_edited_device_annotations_are_put_back(kube: Kube) -> None:
                     and env_values(p)["NVIDIA_VISIBLE_DEVICES"] == json.loads(truth)[GPU])
 
     await kube.wait_for(restored, "annotations restored from the group's status")
+
+
+async def test_a_group_without_pods_says_it_waits_for_members(kube: Kube) -> None:
+    """Its first status waits a moment (its pods usually follow and the placement writes it), then says why."""
+    await kube.create_group("idle", "lonely", {GPU: 1})
+    group = await kube.wait_group(
+        "idle", "lonely", lambda g: status(g).get("phase") == names.PHASE_PENDING, "Pending"
+    )
+    scheduled = next(c for c in status(group)["conditions"] if c["type"] == names.CONDITION_SCHEDULED)
+    assert (scheduled["status"], scheduled["reason"]) == ("False", "WaitingForMembers")
+    assert status(group)["memberCount"] == 0
+    assert names.GROUP_FINALIZER in group["metadata"]["finalizers"]
