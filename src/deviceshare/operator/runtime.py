@@ -14,7 +14,7 @@ import contextlib
 import gc
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from deviceshare.core import inventory
@@ -89,8 +89,10 @@ class Runtime:
         if self.pod_reflector is None:
             # Watched from here on: the rebuild just listed them, and a standby has no use for them (its
             # state is replaced when it is elected). Their first lists replace the rebuild's.
-            self.group_reflector = self.ctx.api.group_reflector(GroupFeed(self))
-            self.pod_reflector = self.ctx.api.pod_reflector(PodFeed(self))
+            groups = Feed(self, "group", lambda: self.ctx.state.groups, self.on_group, self.group_gone)
+            pods = Feed(self, "pod", lambda: self.ctx.state.pods, self.on_pod, self.pod_gone)
+            self.group_reflector = groups.reflector = self.ctx.api.group_reflector(groups)
+            self.pod_reflector = pods.reflector = self.ctx.api.pod_reflector(pods)
             self._tasks.append(loop.create_task(self.group_reflector.run(), name="watch groups"))
             self._tasks.append(loop.create_task(self.pod_reflector.run(), name="watch pods"))
         self._workers = [loop.create_task(self._worker(i)) for i in range(self.ctx.config.workers)]
@@ -400,10 +402,7 @@ class Runtime:
             self._pod_read(pod, body)
         listed = {str((b.get("metadata") or {}).get("uid", "")) for b in groups}
         for group in [g for g in ctx.state.groups.values() if g.uid not in listed]:
-            try:
-                current: Mapping[str, Any] | None = await ctx.api.get_group(group.key)
-            except storage.Gone:
-                current = None
+            current = await ctx.api.get_group_if_exists(group.key)
             if current is not None and (current.get("metadata") or {}).get("uid") == group.uid:
                 continue
             held = ctx.state.groups.get(group.key)
@@ -415,30 +414,26 @@ class Runtime:
         return forgotten
 
 
-class _Feed:
-    """A reflector's sink. Events go to the runtime's ``on_*``; a list (the first, and each relist after a
-    watch expired) is the whole truth at its resourceVersion, so an object we hold that it lacks, and that
-    we last saw at or before that version, was deleted while we were not watching."""
+class Feed:
+    """A reflector's sink. Events go to ``apply`` (the runtime's ``on_*``); a list (the first, and each relist
+    after a watch expired) is the whole truth at its resourceVersion, so an object we hold that it lacks, and
+    that we last saw at or before that version, was deleted while we were not watching: ``gone``."""
 
-    kind = ""
-
-    def __init__(self, runtime: Runtime) -> None:
-        self.runtime = runtime
-
-    def held(self) -> Mapping[tuple[str, str], state_.PodRecord | state_.GroupRecord]:
-        raise NotImplementedError
-
-    def reflector(self) -> watching.Reflector | None:
-        raise NotImplementedError
-
-    def gone(self, key: tuple[str, str], uid: str) -> None:
-        raise NotImplementedError
-
-    def apply(self, event_type: str, obj: Mapping[str, Any]) -> None:
-        raise NotImplementedError
+    def __init__(
+        self,
+        runtime: Runtime,
+        kind: str,
+        held: Callable[[], Mapping[tuple[str, str], state_.PodRecord | state_.GroupRecord]],
+        apply: Callable[[str, Mapping[str, Any]], None],
+        gone: Callable[[tuple[str, str], str], None],
+    ) -> None:
+        self.runtime, self.kind = runtime, kind
+        self._held, self._gone = held, gone
+        self.apply = apply
+        self.reflector: watching.Reflector | None = None  # set once the reflector feeding this exists
 
     def replace(self, objects: list[Mapping[str, Any]]) -> None:
-        held = self.held()
+        held = self._held()
         listed: set[tuple[str, str]] = set()
         for body in objects:
             meta = body.get("metadata") or {}
@@ -450,46 +445,13 @@ class _Feed:
             ):
                 continue  # we already hold this version or a newer one (a rebuild's list, our own write)
             self.apply("ADDED", body)
-        reflector = self.reflector()
-        version = reflector.resource_version if reflector else None
+        version = self.reflector.resource_version if self.reflector else None
         if version is None:
             return
         for key, have in list(held.items()):
             if key not in listed and state_.newer(version, have.resource_version):
                 self.runtime.ctx.metrics.missed_deletions.labels(self.kind).inc()
-                self.gone(key, have.uid)
-
-
-class PodFeed(_Feed):
-    kind = "pod"
-
-    def held(self) -> Mapping[tuple[str, str], state_.PodRecord]:
-        return self.runtime.ctx.state.pods
-
-    def reflector(self) -> watching.Reflector | None:
-        return self.runtime.pod_reflector
-
-    def gone(self, key: tuple[str, str], uid: str) -> None:
-        self.runtime.pod_gone(key, uid)
-
-    def apply(self, event_type: str, obj: Mapping[str, Any]) -> None:
-        self.runtime.on_pod(event_type, obj)
-
-
-class GroupFeed(_Feed):
-    kind = "group"
-
-    def held(self) -> Mapping[tuple[str, str], state_.GroupRecord]:
-        return self.runtime.ctx.state.groups
-
-    def reflector(self) -> watching.Reflector | None:
-        return self.runtime.group_reflector
-
-    def gone(self, key: tuple[str, str], uid: str) -> None:
-        self.runtime.group_gone(key, uid)
-
-    def apply(self, event_type: str, obj: Mapping[str, Any]) -> None:
-        self.runtime.on_group(event_type, obj)
+                self._gone(key, have.uid)
 
 
 async def _cancel(tasks: list[asyncio.Task[None]]) -> None:
