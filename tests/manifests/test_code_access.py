@@ -57,9 +57,10 @@ def test_the_operator_talks_to_the_api_only_through_its_storage_module() -> None
     assert list(code_access.api_client_uses(SRC / "operator")) == []
 
 
-def test_the_webhook_cache_lists_and_watches_groups_and_pods_and_gets_a_group_on_a_miss() -> None:
+def test_the_webhook_cache_lists_and_watches_groups_pods_and_quotas_and_gets_a_group_on_a_miss() -> None:
+    watched = [("deviceshare.io", "shareddevicegroups"), ("", "pods"), ("", "resourcequotas")]
     assert code_access.webhook_needs() == {
-        Access(g, r, v) for g, r in [("deviceshare.io", "shareddevicegroups"), ("", "pods")] for v in ("list", "watch")
+        Access(g, r, v) for g, r in watched for v in ("list", "watch")
     } | {Access("deviceshare.io", "shareddevicegroups", "get")}
 
 

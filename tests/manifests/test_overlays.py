@@ -60,10 +60,11 @@ def test_cert_manager_chain_ends_in_the_secret_the_webhook_mounts(
         assert obj["spec"].get("issuerRef", {}).get("kind", "Issuer") == "Issuer"
 
 
+@pytest.mark.parametrize("kind", ["MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"])
 def test_cert_manager_injects_the_serving_certificates_ca(
-    cert_manager_objects: list[kube_objects.KubeObject],
+    cert_manager_objects: list[kube_objects.KubeObject], kind: str
 ) -> None:
-    config = kube_objects.one(cert_manager_objects, "MutatingWebhookConfiguration", "deviceshare")
+    config = kube_objects.one(cert_manager_objects, kind, "deviceshare")
     namespace, _, name = config["metadata"]["annotations"]["cert-manager.io/inject-ca-from"].partition("/")
     certificate = kube_objects.one(cert_manager_objects, "Certificate", name)
     assert certificate["metadata"]["namespace"] == namespace
@@ -82,8 +83,9 @@ def test_self_signed_secret_is_what_the_webhook_mounts(self_signed: Any) -> None
         assert base64.b64decode(secret["data"][key]) == (self_signed.certs_dir / key).read_bytes()
 
 
-def test_self_signed_ca_bundle_is_the_generated_ca(self_signed: Any) -> None:
-    config = kube_objects.one(self_signed.objects, "MutatingWebhookConfiguration", "deviceshare")
+@pytest.mark.parametrize("kind", ["MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"])
+def test_self_signed_ca_bundle_is_the_generated_ca(self_signed: Any, kind: str) -> None:
+    config = kube_objects.one(self_signed.objects, kind, "deviceshare")
     for webhook in config["webhooks"]:
         bundle = base64.b64decode(webhook["clientConfig"]["caBundle"])
         assert bundle == self_signed.ca_pem

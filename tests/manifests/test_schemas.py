@@ -122,7 +122,9 @@ def test_every_namespaced_object_lives_in_deviceshare_system(
     base_objects: list[kube_objects.KubeObject],
 ) -> None:
     cluster_scoped = {"Namespace", "CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding",
-                      "MutatingWebhookConfiguration", "ClusterKopfPeering"}
+                      "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration",
+                      "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
+                      "ClusterKopfPeering"}
     for obj in base_objects:
         ns = obj["metadata"].get("namespace")
         if obj["kind"] in cluster_scoped:

@@ -1,9 +1,9 @@
-"""A minimal Kubernetes API for the webhook's caches: list (paged) and watch of two collections.
+"""A minimal Kubernetes API for the webhook's caches: list (paged) and watch of three collections.
 
-Only what the group cache uses: ``GET /api/v1/pods`` (with an ``exists`` label selector) and
-``GET /apis/deviceshare.io/v1alpha1/shareddevicegroups``, each with ``limit``/``continue``,
-``watch``, ``resourceVersion`` and ``timeoutSeconds``. Tests drive it directly: put and delete
-objects, compact history (so old resourceVersions get 410 Gone), end every open watch, make the
+Only what the group cache uses: ``GET /api/v1/pods`` (with an ``exists`` label selector),
+``GET /api/v1/resourcequotas`` and ``GET /apis/deviceshare.io/v1alpha1/shareddevicegroups``, each
+with ``limit``/``continue``, ``watch``, ``resourceVersion`` and ``timeoutSeconds``. Tests drive it
+directly: put and delete objects, compact history (so old resourceVersions get 410 Gone), end every open watch, make the
 next requests fail, or slow the lists down.
 """
 
@@ -21,13 +21,18 @@ from deviceshare.api import names
 
 PODS = "pods"
 GROUPS = names.PLURAL
-_PATHS = {PODS: "/api/v1/pods", GROUPS: f"/apis/{names.GROUP}/{names.VERSION}/{names.PLURAL}"}
+QUOTAS = "resourcequotas"
+_PATHS = {
+    PODS: "/api/v1/pods",
+    GROUPS: f"/apis/{names.GROUP}/{names.VERSION}/{names.PLURAL}",
+    QUOTAS: "/api/v1/resourcequotas",
+}
 
 
 class FakeApi:
     def __init__(self) -> None:
         self.rv = 100
-        self.objects: dict[str, dict[tuple[str, str], dict[str, Any]]] = {PODS: {}, GROUPS: {}}
+        self.objects: dict[str, dict[tuple[str, str], dict[str, Any]]] = {PODS: {}, GROUPS: {}, QUOTAS: {}}
         self.history: list[tuple[int, str, str, dict[str, Any]]] = []  # rv, collection, type, object
         self.oldest_rv = 0  # watches from before this version get 410
         self.watchers: list[tuple[str, asyncio.Queue[tuple[str, dict[str, Any]] | None]]] = []

@@ -15,6 +15,13 @@ CATEGORY: Final = "deviceshare"
 NODE_MODE_LABEL: Final = "deviceshare.io/mode"
 NODE_MODE_SHARED: Final = "shared"
 NODE_DEVICES_ANNOTATION: Final = "deviceshare.io/devices"
+# Shared nodes carry this taint (value "true", effect NoExecute) so that only group members, which the
+# webhook gives the toleration, run there; the admission policy keeps the toleration from other pods.
+SHARED_NODE_TAINT: Final = "deviceshare.io/shared"
+SHARED_NODE_TAINT_VALUE: Final = "true"
+SHARED_NODE_TAINT_EFFECT: Final = "NoExecute"
+# A namespace with this label set to "true" may tolerate the taint without being a member.
+NAMESPACE_EXEMPT_LABEL: Final = "deviceshare.io/exempt"
 
 # Pods
 POD_GROUP_ANNOTATION: Final = "deviceshare.io/device-group"

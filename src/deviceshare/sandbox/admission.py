@@ -1,12 +1,14 @@
-"""Mutating admission: the sandbox calls webhooks of ``MutatingWebhookConfiguration`` objects.
+"""Admission: the sandbox calls admission webhooks and evaluates ValidatingAdmissionPolicies.
 
-As kube-apiserver does on CREATE: configurations in name order, webhooks in their order; a
+Mutating webhooks (``MutatingWebhookConfiguration``) as kube-apiserver calls them on CREATE, and
+validating ones (``ValidatingWebhookConfiguration``) on CREATE and UPDATE, after the policies of
+:mod:`policies`: configurations in name order, webhooks in their order; a
 webhook is called when its ``rules``, ``namespaceSelector``, ``objectSelector`` and
 ``matchConditions`` (CEL) match; the call is an HTTPS POST of an ``admission.k8s.io/v1``
 AdmissionReview, verified against ``caBundle`` (server name: the URL host, or
 ``NAME.NAMESPACE.svc`` for service references); the returned JSONPatch is applied; failures
 follow ``failurePolicy`` and ``timeoutSeconds``. Not done: ``reinvocationPolicy`` (no second
-round), UPDATE/DELETE/CONNECT operations, validating webhooks, ``sideEffects`` dry-run checks.
+round), mutation on UPDATE, DELETE/CONNECT operations, ``sideEffects`` dry-run checks.
 """
 
 from __future__ import annotations
@@ -21,29 +23,20 @@ from typing import Any
 import aiohttp
 import jsonpatch
 
-from deviceshare.sandbox import catalog, cel, errors, selectors, store
+from deviceshare.sandbox import catalog, cel, errors, identity, policies, selectors, store
 
 Endpoints = Mapping[tuple[str, str], str]  # (namespace, service name) -> "https://127.0.0.1:PORT"
 
 
-def _rule_matches(rule: Mapping[str, Any], rtype: catalog.ResourceType, operation: str) -> bool:
-    def has(field: str, value: str) -> bool:
-        allowed = rule.get(field) or []
-        return "*" in allowed or value in allowed
-
-    scope = rule.get("scope", "*")
-    scope_ok = scope == "*" or (scope == "Namespaced") == rtype.namespaced
-    return (
-        has("operations", operation)
-        and has("apiGroups", rtype.group)
-        and has("apiVersions", rtype.version)
-        and has("resources", rtype.plural)
-        and scope_ok
-    )
-
-
 def review_request(
-    rtype: catalog.ResourceType, namespace: str | None, obj: Mapping[str, Any], operation: str = "CREATE"
+    rtype: catalog.ResourceType,
+    namespace: str | None,
+    obj: Mapping[str, Any] | None,
+    operation: str = "CREATE",
+    *,
+    old: Mapping[str, Any] | None = None,
+    subresource: str = "",
+    user: identity.User = identity.ADMIN,
 ) -> dict[str, Any]:
     """The ``request`` part of an AdmissionReview, also the ``request`` variable of matchConditions."""
     kind = {"group": rtype.group, "version": rtype.version, "kind": rtype.kind}
@@ -54,14 +47,16 @@ def review_request(
         "resource": resource,
         "requestKind": kind,
         "requestResource": resource,
-        "name": store.meta(obj).get("name", ""),
+        "name": store.meta(obj or old or {}).get("name", ""),
         "operation": operation,
-        "userInfo": {"username": "system:admin", "groups": ["system:masters", "system:authenticated"]},
+        "userInfo": user.info(),
         "object": obj,
-        "oldObject": None,
+        "oldObject": old,
         "dryRun": False,
-        "options": {"kind": "CreateOptions", "apiVersion": "meta.k8s.io/v1"},
+        "options": {"kind": f"{operation.capitalize()}Options", "apiVersion": "meta.k8s.io/v1"},
     }
+    if subresource:
+        request["subResource"] = request["requestSubResource"] = subresource
     if namespace:
         request["namespace"] = namespace
     return request
@@ -71,9 +66,10 @@ class Admission:
     def __init__(self, objects: store.ObjectStore, endpoints: Endpoints | None = None) -> None:
         self.store = objects
         self.endpoints = dict(endpoints or {})
+        self.policies = policies.Policies(objects)
 
-    def _webhooks(self) -> list[Mapping[str, Any]]:
-        configs, _ = self.store.list_objects(self.store.catalog.lookup("mutatingwebhookconfigurations"))
+    def _webhooks(self, plural: str = "mutatingwebhookconfigurations") -> list[Mapping[str, Any]]:
+        configs, _ = self.store.list_objects(self.store.catalog.lookup(plural))
         return [
             hook
             for config in sorted(configs, key=lambda c: c["metadata"]["name"])
@@ -86,8 +82,11 @@ class Admission:
         rtype: catalog.ResourceType,
         namespace: str | None,
         obj: Mapping[str, Any],
+        operation: str = "CREATE",
+        subresource: str = "",
     ) -> bool:
-        if not any(_rule_matches(rule, rtype, "CREATE") for rule in hook.get("rules") or []):
+        rules = hook.get("rules") or []
+        if not any(policies.rule_matches(rule, rtype, operation, subresource) for rule in rules):
             return False
         if not selectors.from_object(hook.get("objectSelector")).matches(store.meta(obj).get("labels")):
             return False
@@ -105,7 +104,11 @@ class Admission:
         return True
 
     async def admit_create(
-        self, rtype: catalog.ResourceType, namespace: str | None, obj: dict[str, Any]
+        self,
+        rtype: catalog.ResourceType,
+        namespace: str | None,
+        obj: dict[str, Any],
+        user: identity.User = identity.ADMIN,
     ) -> dict[str, Any]:
         """The object after every matching webhook mutated it; raises ApiError on denial/failure."""
         for hook in self._webhooks():
@@ -113,7 +116,7 @@ class Admission:
                 continue
             name = hook.get("name", "")
             fail_closed = hook.get("failurePolicy", "Fail") == "Fail"
-            request = review_request(rtype, namespace, obj)
+            request = review_request(rtype, namespace, obj, user=user)
             try:
                 if not self._conditions_met(hook, request):
                     continue
@@ -124,6 +127,37 @@ class Admission:
                 continue
             obj = self._apply_response(name, request, response, obj)
         return obj
+
+    async def validate(
+        self,
+        rtype: catalog.ResourceType,
+        namespace: str | None,
+        operation: str,
+        obj: Mapping[str, Any] | None,
+        old: Mapping[str, Any] | None = None,
+        *,
+        subresource: str = "",
+        user: identity.User = identity.ADMIN,
+    ) -> None:
+        """Validating admission of a write: policies, then validating webhooks; raises ApiError."""
+        self.policies.check(rtype, namespace, operation, subresource, obj, old, user)
+        for hook in self._webhooks("validatingwebhookconfigurations"):
+            if not self._selected(hook, rtype, namespace, obj or old or {}, operation, subresource):
+                continue
+            name = hook.get("name", "")
+            request = review_request(
+                rtype, namespace, obj, operation, old=old, subresource=subresource, user=user
+            )
+            try:
+                if not self._conditions_met(hook, request):
+                    continue
+                response = await self._call(hook, request)
+            except _CallFailed as e:
+                if hook.get("failurePolicy", "Fail") == "Fail":
+                    raise errors.internal(f'failed calling webhook "{name}": {e}') from e
+                continue
+            if not response.get("allowed"):
+                self._apply_response(name, request, response, {})
 
     def _conditions_met(self, hook: Mapping[str, Any], request: Mapping[str, Any]) -> bool:
         variables = {"object": request["object"], "oldObject": request["oldObject"], "request": request}

@@ -27,6 +27,7 @@ from deviceshare.sandbox import (
     discovery,
     errors,
     faults,
+    identity,
     patches,
     protobuf,
     schema,
@@ -114,11 +115,17 @@ class ApiServer(kmock.KubernetesScaffold):
     """kmock's Kubernetes scaffold with the store behind it instead of canned answers."""
 
     def __init__(
-        self, objects: store.ObjectStore, webhooks: admission.Admission, *, bookmark_interval: float = 5.0
+        self,
+        objects: store.ObjectStore,
+        webhooks: admission.Admission,
+        *,
+        bookmark_interval: float = 5.0,
+        users: Mapping[str, identity.User] | None = None,
     ) -> None:
         super().__init__()
         self.store = objects
         self.admission = webhooks
+        self.users = dict(identity.DEFAULT_TOKENS if users is None else users)  # bearer token -> user
         self.faults = faults.Faults()
         self.bookmark_interval = bookmark_interval
         self.watches_gone = 0  # watches answered 410 Gone (for tests of client recovery)
@@ -209,26 +216,28 @@ class ApiServer(kmock.KubernetesScaffold):
             return self._answer(request, rtype, self.store.get(rtype, ns, target.name))
         if rtype.verbs == ("create",) and (method != "POST" or target.name is not None):
             raise errors.method_not_allowed()
+        user = identity.from_authorization(request.headers.get("Authorization"), self.users)
         if method == "POST" and rtype.key == ("", "bindings") and ns:
             body = _decode(request) or {}
+            await self.admission.validate(rtype, ns, "CREATE", body, user=user)
             return self._bound(ns, store.meta(body).get("name", ""), body)
         if method == "POST" and target.name is None:
-            return await self._create(request, rtype, ns)
+            return await self._create(request, rtype, ns, user)
         if method == "POST" and target.subresource == "binding" and ns:
-            return self._bound(ns, target.name or "", _decode(request) or {})
+            body = _decode(request) or {}
+            await self.admission.validate(rtype, ns, "CREATE", body, subresource="binding", user=user)
+            return self._bound(ns, target.name or "", body)
         if method == "PUT" and target.name:
             body = _decode(request)
             if not isinstance(body, dict):
                 raise errors.bad_request("the body of an update must be an object")
             self._strict(request, rtype, body)
-            return _json(self.store.replace(rtype, ns, target.name, body, target.subresource))
+            return _json(await self._update(rtype, ns, target, None, body, user))
         if method == "PATCH" and target.name:
             content_type = request.headers.get("Content-Type", patches.MERGE)
             if "json-patch" not in content_type:
                 self._strict(request, rtype, _decode(request))
-            return _json(
-                self.store.patch(rtype, ns, target.name, content_type, _decode(request), target.subresource)
-            )
+            return _json(await self._update(rtype, ns, target, content_type, _decode(request), user))
         if method == "DELETE" and target.name and not target.subresource:
             return _json(self.store.delete(rtype, ns, target.name, _decode(request)))
         if method == "DELETE" and target.name is None:
@@ -246,6 +255,30 @@ class ApiServer(kmock.KubernetesScaffold):
                 }
             )
         raise errors.method_not_allowed()
+
+    async def _update(
+        self,
+        rtype: catalog.ResourceType,
+        ns: str | None,
+        target: Target,
+        content_type: str | None,
+        body: Any,
+        user: identity.User,
+    ) -> dict[str, Any]:
+        """PUT or PATCH through validating admission: the result is checked, then stored if the object
+        did not change while admission ran (else the write is redone on the new version, as the real
+        API server retries a patch; a PUT with a stale resourceVersion then gets its 409)."""
+        for _ in range(10):
+            old, new = self.store.prepare_update(
+                rtype, ns, target.name or "", content_type, body, target.subresource
+            )
+            await self.admission.validate(
+                rtype, ns, "UPDATE", new, old, subresource=target.subresource or "", user=user
+            )
+            stored = self.store.commit_update(rtype, old, new)
+            if stored is not None:
+                return stored
+        raise errors.conflict(rtype.plural, rtype.group, target.name or "", errors.STALE)
 
     @staticmethod
     def _strict(request: kmock.Request, rtype: catalog.ResourceType, body: Any) -> None:
@@ -347,7 +380,7 @@ class ApiServer(kmock.KubernetesScaffold):
         return _json(obj, status)
 
     async def _create(
-        self, request: kmock.Request, rtype: catalog.ResourceType, ns: str | None
+        self, request: kmock.Request, rtype: catalog.ResourceType, ns: str | None, user: identity.User
     ) -> aiohttp.web.Response:
         body = _decode(request)
         if not isinstance(body, dict):
@@ -356,7 +389,8 @@ class ApiServer(kmock.KubernetesScaffold):
         md = body.setdefault("metadata", {})
         if rtype.namespaced and ns and not md.get("namespace"):
             md["namespace"] = ns
-        body = await self.admission.admit_create(rtype, ns, body)
+        body = await self.admission.admit_create(rtype, ns, body, user)
+        await self.admission.validate(rtype, ns, "CREATE", body, user=user)
         return self._answer(request, rtype, self.store.create(rtype, ns, body), 201)
 
     async def _watch(

@@ -91,7 +91,7 @@ BUILTINS: tuple[ResourceType, ...] = (
         "Pod",
         short_names=("po",),
         categories=("all",),
-        subresources=frozenset({"status", "binding"}),
+        subresources=frozenset({"status", "binding", "ephemeralcontainers"}),
         field_selectors=frozenset(
             {
                 "spec.nodeName",
@@ -113,6 +113,8 @@ BUILTINS: tuple[ResourceType, ...] = (
     ),
     _core("serviceaccounts", "ServiceAccount", short_names=("sa",)),
     _core("endpoints", "Endpoints", short_names=("ep",)),
+    _core("resourcequotas", "ResourceQuota", short_names=("quota",), subresources=frozenset({"status"})),
+    ResourceType("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy", short_names=("netpol",)),
     ResourceType(
         "events.k8s.io",
         "v1",
@@ -207,6 +209,21 @@ BUILTINS: tuple[ResourceType, ...] = (
         "v1",
         "validatingwebhookconfigurations",
         "ValidatingWebhookConfiguration",
+        namespaced=False,
+    ),
+    ResourceType(
+        "admissionregistration.k8s.io",
+        "v1",
+        "validatingadmissionpolicies",
+        "ValidatingAdmissionPolicy",
+        namespaced=False,
+        subresources=frozenset({"status"}),
+    ),
+    ResourceType(
+        "admissionregistration.k8s.io",
+        "v1",
+        "validatingadmissionpolicybindings",
+        "ValidatingAdmissionPolicyBinding",
         namespaced=False,
     ),
 )

@@ -19,7 +19,7 @@ from typing import Any, Self
 import kmock
 import yaml
 
-from deviceshare.sandbox import admission, apiserver, catalog, errors, faults, kubelet, patches, store
+from deviceshare.sandbox import admission, apiserver, catalog, errors, faults, identity, kubelet, patches, store
 
 CONTEXT = "deviceshare-sandbox"
 SYSTEM_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
@@ -57,6 +57,7 @@ class Sandbox:
         service_endpoints: admission.Endpoints | None = None,
         watch_history: int = 10_000,
         bookmark_interval: float = 5.0,
+        users: Mapping[str, identity.User] | None = None,
     ) -> None:
         self.resource = resource
         self.gpus = gpus
@@ -64,7 +65,12 @@ class Sandbox:
         self.node_labels = dict(labels or {})
         self.store = store.ObjectStore(catalog.Catalog(), history=watch_history)
         self.admission = admission.Admission(self.store, service_endpoints)
-        self.api = apiserver.ApiServer(self.store, self.admission, bookmark_interval=bookmark_interval)
+        self.api = apiserver.ApiServer(
+            self.store,
+            self.admission,
+            bookmark_interval=bookmark_interval,
+            users={**identity.DEFAULT_TOKENS, **(users or {})},
+        )
         self.kubelet = kubelet.Kubelet(self.store, kubelet_delay) if kubelet_delay else None
         self._host, self._port = host, port
         self._kubeconfig_path = kubeconfig_path
@@ -107,9 +113,11 @@ class Sandbox:
             self._scratch.cleanup()
             self._scratch = None
 
-    def write_kubeconfig(self, path: Path | None = None) -> Path:
+    def write_kubeconfig(self, path: Path | None = None, *, token: str = "deviceshare-sandbox") -> Path:
+        """A kubeconfig for this sandbox; the default token is no registered user, i.e. the admin."""
         if path is None:  # a private folder, removed again when the sandbox stops
-            self._scratch = tempfile.TemporaryDirectory(prefix="deviceshare-sandbox-")
+            if self._scratch is None:
+                self._scratch = tempfile.TemporaryDirectory(prefix="deviceshare-sandbox-")
             path = Path(self._scratch.name) / "kubeconfig"
         path.parent.mkdir(parents=True, exist_ok=True)
         config = {
@@ -118,13 +126,21 @@ class Sandbox:
             "current-context": CONTEXT,
             "preferences": {},
             "clusters": [{"name": CONTEXT, "cluster": {"server": self.url}}],
-            "users": [{"name": CONTEXT, "user": {"token": "deviceshare-sandbox"}}],
+            "users": [{"name": CONTEXT, "user": {"token": token}}],
             "contexts": [
                 {"name": CONTEXT, "context": {"cluster": CONTEXT, "user": CONTEXT, "namespace": "default"}}
             ],
         }
         path.write_text(yaml.safe_dump(config, sort_keys=False))
         return path
+
+    def kubeconfig_as(self, token: str) -> Path:
+        """A kubeconfig next to :attr:`kubeconfig` whose requests are made as the user of ``token``
+        (``identity.OPERATOR_TOKEN``, ``identity.TENANT_TOKEN``, or one passed in ``users``)."""
+        if token not in self.api.users:
+            raise KeyError(f"no sandbox user has the token {token!r}")
+        user = self.api.users[token].username.replace(":", "-")
+        return self.write_kubeconfig(self.kubeconfig.with_name(f"{self.kubeconfig.name}.{user}"), token=token)
 
     # ---- conveniences (same store and events as the HTTP API) ---------------------------
     def _rtype_of(self, obj: Mapping[str, Any]) -> catalog.ResourceType:
@@ -143,6 +159,7 @@ class Sandbox:
         rtype = self._rtype_of(obj)
         namespace = store.meta(obj).get("namespace") or ("default" if rtype.namespaced else None)
         admitted = await self.admission.admit_create(rtype, namespace, copy.deepcopy(dict(obj)))
+        await self.admission.validate(rtype, namespace, "CREATE", admitted)
         return self.store.create(rtype, namespace, admitted)
 
     def apply_manifests(self, path: Path) -> list[dict[str, Any]]:

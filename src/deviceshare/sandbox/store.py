@@ -232,22 +232,8 @@ class ObjectStore:
         body: Mapping[str, Any],
         subresource: str | None = None,
     ) -> Obj:
-        old = self._existing(rtype, namespace, name)
-        new: Obj = clone(dict(body))
-        if meta(new).get("name", name) != name:
-            raise errors.bad_request(
-                f"the name of the object ({meta(new).get('name')}) does not match the name "
-                f"on the URL ({name})"
-            )
-        if rtype.custom and not meta(new).get("resourceVersion"):  # CRs allow no unconditional update
-            raise errors.invalid(
-                rtype.kind,
-                rtype.group,
-                name,
-                [("metadata.resourceVersion", "Invalid value: 0x0: must be specified for an update")],
-            )
-        self._check_precondition(rtype, old, new)
-        return self._update(rtype, old, new, subresource)
+        old, new = self.prepare_update(rtype, namespace, name, None, body, subresource)
+        return self._commit(rtype, old, new)
 
     def patch(
         self,
@@ -258,12 +244,48 @@ class ObjectStore:
         body: Any,
         subresource: str | None = None,
     ) -> Obj:
+        old, new = self.prepare_update(rtype, namespace, name, content_type, body, subresource)
+        return self._commit(rtype, old, new)
+
+    def prepare_update(
+        self,
+        rtype: catalog.ResourceType,
+        namespace: str | None,
+        name: str,
+        content_type: str | None,
+        body: Any,
+        subresource: str | None = None,
+    ) -> tuple[Obj, Obj]:
+        """The stored object and what a PUT (``content_type`` None) or PATCH would make of it, not
+        yet stored: admission sees the result first, then :meth:`commit_update` stores it."""
         old = self._existing(rtype, namespace, name)
-        new = patches.apply(content_type, old, body, custom=rtype.custom)
-        if not isinstance(new, dict):
-            raise errors.bad_request("the patch did not produce an object")
+        if content_type is None:
+            new: Obj = clone(dict(body))
+            if meta(new).get("name", name) != name:
+                raise errors.bad_request(
+                    f"the name of the object ({meta(new).get('name')}) does not match the name "
+                    f"on the URL ({name})"
+                )
+            if rtype.custom and not meta(new).get("resourceVersion"):  # CRs allow no unconditional update
+                raise errors.invalid(
+                    rtype.kind,
+                    rtype.group,
+                    name,
+                    [("metadata.resourceVersion", "Invalid value: 0x0: must be specified for an update")],
+                )
+        else:
+            new = patches.apply(content_type, old, body, custom=rtype.custom)
+            if not isinstance(new, dict):
+                raise errors.bad_request("the patch did not produce an object")
         self._check_precondition(rtype, old, new)
-        return self._update(rtype, old, new, subresource)
+        return old, self._merged(rtype, old, new, subresource)
+
+    def commit_update(self, rtype: catalog.ResourceType, old: Obj, new: Obj) -> Obj | None:
+        """Store what :meth:`prepare_update` made, unless the object changed meanwhile (then None)."""
+        md = meta(old)
+        if self._objects[rtype.key].get((md.get("namespace", ""), md["name"])) is not old:
+            return None
+        return self._commit(rtype, old, new)
 
     def _check_precondition(self, rtype: catalog.ResourceType, old: Obj, new: Obj) -> None:
         wanted = meta(new).get("resourceVersion")
@@ -271,7 +293,17 @@ class ObjectStore:
             raise errors.conflict(rtype.plural, rtype.group, meta(old)["name"], errors.STALE)
 
     def _update(self, rtype: catalog.ResourceType, old: Obj, new: Obj, subresource: str | None) -> Obj:
-        if subresource == "status":
+        return self._commit(rtype, old, self._merged(rtype, old, new, subresource))
+
+    def _merged(self, rtype: catalog.ResourceType, old: Obj, new: Obj, subresource: str | None) -> Obj:
+        """The object a write of ``new`` to ``subresource`` stores (status split, immutable fields)."""
+        if subresource == "ephemeralcontainers":  # only spec.ephemeralContainers changes through it
+            containers = (new.get("spec") or {}).get("ephemeralContainers")
+            new = clone(old)
+            new.setdefault("spec", {})["ephemeralContainers"] = containers
+            if containers is None:
+                new["spec"].pop("ephemeralContainers")
+        elif subresource == "status":
             status = new.get("status")
             new = clone(old)
             if status is None:
@@ -317,7 +349,7 @@ class ObjectStore:
                     ],
                 )
         new["apiVersion"], new["kind"] = rtype.api_version, rtype.kind
-        return self._commit(rtype, old, new)
+        return new
 
     def _commit(self, rtype: catalog.ResourceType, old: Obj, new: Obj) -> Obj:
         """Store an update: bump generation/resourceVersion when something changed, finish deletions."""

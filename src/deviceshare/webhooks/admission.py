@@ -6,7 +6,8 @@ The aiohttp server, TLS and the watch-backed cache live in other modules, and th
 :func:`review` directly.
 
 A pod that names a group is mutated to (1) use the deviceshare scheduler, (2) carry the group
-label, and (3) read each visibility env var of the group's resource types from the downward API.
+label, (3) read each visibility env var of the group's resource types from the downward API, and
+(4) tolerate the shared-node taint (which the admission policy allows members only).
 The patch only adds what is missing, so a reinvoked pod yields an empty patch; an env var that is
 already present with exactly our ``valueFrom`` counts as present. Everything else the contract
 forbids is denied with a message that names the container and the variable or resource at fault.
@@ -92,7 +93,7 @@ def decide(
     scheduler_name: str = names.DEFAULT_SCHEDULER_NAME,
 ) -> Decision:
     """The decision alone (raises :class:`MalformedReview`)."""
-    request = _request(body)
+    request = request_of(body)
     kind = request.get("kind") or {}
     if (
         request.get("operation") != "CREATE"
@@ -172,6 +173,17 @@ def visibility_env(group: models.GroupSpec, env_names: envnames.EnvNames) -> lis
     return list(out)
 
 
+SHARED_NODE_TOLERATION: Mapping[str, str] = {"key": names.SHARED_NODE_TAINT, "operator": "Exists"}
+
+
+def tolerates_shared_nodes(tolerations: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether a pod already carries exactly our toleration (so a reinvocation adds nothing)."""
+    return any(
+        t.get("key") == names.SHARED_NODE_TAINT and t.get("operator") == "Exists" and not t.get("effect")
+        for t in tolerations
+    )
+
+
 def env_entry(env_name: str) -> dict[str, Any]:
     """The env entry the webhook injects for one visibility variable."""
     field_ref = {"apiVersion": "v1", "fieldPath": names.env_field_path(env_name)}
@@ -194,7 +206,7 @@ def is_injected(entry: Mapping[str, Any]) -> bool:
 
 def respond(body: Mapping[str, Any], decision: Decision) -> dict[str, Any]:
     """Wrap a decision as the AdmissionReview response to ``body``."""
-    uid = _request(body)["uid"]
+    uid = request_of(body)["uid"]
     response: dict[str, Any] = {"uid": uid, "allowed": decision.allowed}
     if not decision.allowed:
         response["status"] = {
@@ -218,7 +230,8 @@ def pointer(*parts: str | int) -> str:
     return "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in parts)
 
 
-def _request(body: Mapping[str, Any]) -> Mapping[str, Any]:
+def request_of(body: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The request of an AdmissionReview (raises :class:`MalformedReview`)."""
     if not isinstance(body, Mapping) or body.get("kind") != "AdmissionReview":
         raise MalformedReview("body is not an AdmissionReview")
     request = body.get("request")
@@ -270,6 +283,11 @@ def _patch(
         }
     elif labels.get(names.POD_GROUP_LABEL) != group_name:
         yield {"op": "add", "path": pointer("metadata", "labels", names.POD_GROUP_LABEL), "value": group_name}
+    tolerations = spec.get("tolerations") or []
+    if not tolerations:
+        yield {"op": "add", "path": pointer("spec", "tolerations"), "value": [dict(SHARED_NODE_TOLERATION)]}
+    elif not tolerates_shared_nodes(tolerations):
+        yield {"op": "add", "path": pointer("spec", "tolerations", "-"), "value": dict(SHARED_NODE_TOLERATION)}
     for list_name, index, container in _containers(spec):
         present = {e.get("name") for e in container.get("env") or []}
         missing = [env_entry(n) for n in env if n not in present]

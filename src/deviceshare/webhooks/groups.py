@@ -1,9 +1,10 @@
-"""The webhook's memory of the cluster: groups by name and live members per group.
+"""The webhook's memory of the cluster: groups by name, live members per group, device quotas.
 
-Admission must answer within its timeout, so it never calls the API; two list+watch loops
+Admission must answer within its timeout, so it never calls the API; list+watch loops
 (:class:`deviceshare.kube.watching.Reflector`) keep this index current instead, one over every
-SharedDeviceGroup and one over the pods that carry the ``deviceshare.io/group`` label. Until both
-have finished their first list the index answers ``WARMING`` and the server denies with a message
+SharedDeviceGroup, one over the pods that carry the ``deviceshare.io/group`` label, and one over
+ResourceQuotas (the namespace device budget, :mod:`deviceshare.core.budget`). Until all have
+finished their first list the index answers ``WARMING`` and the server denies with a message
 that asks for a retry, rather than guessing.
 
 ``maxMembers`` is checked here best-effort: two replicas (or two concurrent admissions) may both
@@ -26,6 +27,7 @@ import pydantic
 from kubernetes_asyncio import client
 
 from deviceshare.api import models, names
+from deviceshare.core import budget
 from deviceshare.kube import watching
 from deviceshare.webhooks import admission
 
@@ -100,6 +102,26 @@ class _Members:
             self.counts.pop(group, None)
 
 
+class _Quotas:
+    """Sink: the device limits of every ResourceQuota that has some, by namespace."""
+
+    def __init__(self) -> None:
+        self.by_key: dict[Key, budget.Quota] = {}
+
+    def replace(self, objects: list[watching.Object]) -> None:
+        self.by_key = {}
+        for obj in objects:
+            self.apply("ADDED", obj)
+
+    def apply(self, event_type: str, obj: watching.Object) -> None:
+        key = _key(obj)
+        quota = None if event_type == "DELETED" else budget.quota_from_object(obj)
+        if quota is None:
+            self.by_key.pop(key, None)
+        else:
+            self.by_key[key] = quota
+
+
 def _is_live(pod: watching.Object) -> bool:
     if (pod.get("metadata") or {}).get("deletionTimestamp"):
         return False
@@ -112,6 +134,7 @@ class GroupIndex:
     def __init__(self) -> None:
         self._groups = _Groups()
         self._members = _Members()
+        self._quotas = _Quotas()
         self.reflectors: list[watching.Reflector] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._api: client.ApiClient | None = None
@@ -126,6 +149,16 @@ class GroupIndex:
 
     def member_count(self, namespace: str, name: str) -> int:
         return self._members.counts.get((namespace, name), 0)
+
+    # -- BudgetView --------------------------------------------------------------------------
+
+    def quotas(self, namespace: str) -> list[budget.Quota]:
+        return [q for (ns, _), q in sorted(self._quotas.by_key.items()) if ns == namespace]
+
+    def group_resources(self, namespace: str) -> dict[str, dict[str, int]]:
+        return {
+            name: dict(spec.resources) for (ns, name), spec in self._groups.specs.items() if ns == namespace
+        }
 
     async def refresh(self, namespace: str, name: str, timeout_s: float) -> None:
         """Read one group from the API into the cache (a miss may be a watch that lags a fresh create).
@@ -150,11 +183,17 @@ class GroupIndex:
 
     @property
     def synced(self) -> bool:
-        return bool(self.reflectors) and all(r.synced.is_set() for r in self.reflectors)
+        """Groups and members have their first list (what pod admission needs; quotas are apart, so
+        a cluster that hides quotas from the webhook still admits pods)."""
+        return bool(self.reflectors) and all(r.synced.is_set() for r in self.reflectors[:2])
+
+    @property
+    def budget_synced(self) -> bool:
+        return self.synced and all(r.synced.is_set() for r in self.reflectors[2:])
 
     async def wait_synced(self, timeout_s: float) -> bool:
-        """Whether both caches have their first list, waiting at most ``timeout_s`` in total."""
-        if self.synced:
+        """Whether every cache has its first list, waiting at most ``timeout_s`` in total."""
+        if self.budget_synced:
             return True
         waits = [r.synced.wait() for r in self.reflectors]
         with contextlib.suppress(TimeoutError):
@@ -170,12 +209,15 @@ class GroupIndex:
         pods_call = functools.partial(
             client.CoreV1Api(api).list_pod_for_all_namespaces, label_selector=names.POD_GROUP_LABEL
         )
+        quotas_call = client.CoreV1Api(api).list_resource_quota_for_all_namespaces
+        sinks: tuple[tuple[Any, watching.Sink, str], ...] = (
+            (groups_call, self._groups, names.PLURAL),
+            (pods_call, self._members, "member pods"),
+            (quotas_call, self._quotas, "resource quotas"),
+        )
         self.reflectors = [
             watching.Reflector(call, sink, name=name, watch_timeout_s=watch_timeout_s, page_size=page_size)
-            for call, sink, name in (
-                (groups_call, self._groups, names.PLURAL),
-                (pods_call, self._members, "member pods"),
-            )
+            for call, sink, name in sinks
         ]
         self._tasks = [asyncio.create_task(r.run(), name=f"watch {r.name}") for r in self.reflectors]
 

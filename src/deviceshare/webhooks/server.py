@@ -3,11 +3,19 @@
 Stateless apart from caches, so any number of replicas can serve behind one Service. The routes:
 
 - ``POST /mutate-pods``: AdmissionReview in, AdmissionReview out (:mod:`admission` decides);
+- ``POST /validate-groups``: a SharedDeviceGroup CREATE/UPDATE against its namespace's device
+  budget (:mod:`budgets` decides);
 - ``GET /healthz``: the process is up; ``GET /readyz``: the group caches have synced and the server
   is not draining; ``GET /metrics``: Prometheus text.
 
 An opted-in pod that arrives before the caches have synced waits for them a bounded time
 (``warmup_timeout_s``, default 2 s) and is then denied with a message that asks for a retry.
+
+Bodies are bounded (:class:`limits.Limits`): over ``max_body_bytes`` is a 413 before anything is
+read when the length is declared, or as soon as the limit is passed when it is not; a body that
+does not arrive within ``body_timeout_s`` is a 408; large bodies are read a few at a time; JSON
+nested past Python's recursion limit, or JSON that is no object, is a 400. Connections are capped
+and must send a request within a deadline (:mod:`limits`).
 """
 
 from __future__ import annotations
@@ -27,11 +35,12 @@ from kubernetes_asyncio import client
 
 from deviceshare.api import envnames, names
 from deviceshare.kube import connecting
-from deviceshare.webhooks import admission, groups, metrics, tls
+from deviceshare.webhooks import admission, budgets, groups, limits, metrics, tls
 
 logger = logging.getLogger(__name__)
 
 MUTATE_PATH = "/mutate-pods"
+VALIDATE_GROUPS_PATH = "/validate-groups"
 DEFAULT_WARMUP_TIMEOUT_S = 2.0
 
 
@@ -52,22 +61,34 @@ class Settings:
     env_names: envnames.EnvNames = field(default_factory=envnames.EnvNames)
     scheduler_name: str = names.DEFAULT_SCHEDULER_NAME
     warmup_timeout_s: float = DEFAULT_WARMUP_TIMEOUT_S
+    limits: limits.Limits = field(default_factory=limits.Limits)
 
 
 class Webhook:
     """The request handlers over one group view."""
 
     def __init__(
-        self, lookup: CachedGroups, settings: Settings, webhook_metrics: metrics.WebhookMetrics
+        self,
+        lookup: CachedGroups,
+        settings: Settings,
+        webhook_metrics: metrics.WebhookMetrics,
+        budget_view: budgets.BudgetView | None = None,
     ) -> None:
         self.lookup = lookup
         self.settings = settings
         self.metrics = webhook_metrics
+        self.budget_view = budget_view  # None: groups are not checked against quotas
         self.draining = False
+        self._large_bodies = asyncio.Semaphore(settings.limits.large_bodies_at_once)
 
-    def app(self) -> web.Application:
-        app = web.Application(client_max_size=8 * 1024 * 1024)
+    def app(self, guard: limits.ConnectionGuard | None = None) -> web.Application:
+        app = web.Application(
+            client_max_size=self.settings.limits.max_body_bytes, middlewares=[limits.deadline_middleware]
+        )
+        if guard is not None:
+            app[limits.GUARD_KEY] = guard
         app.router.add_post(MUTATE_PATH, self.mutate)
+        app.router.add_post(VALIDATE_GROUPS_PATH, self.validate_groups)
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/readyz", self.readyz)
         app.router.add_get("/metrics", self.exposition)
@@ -76,7 +97,7 @@ class Webhook:
     async def mutate(self, request: web.Request) -> web.Response:
         started = time.perf_counter()
         try:
-            body = json.loads(await request.read())
+            body = await self._review(request)
             if _opted_in(body):
                 if not self.lookup.synced:
                     await self.lookup.wait_synced(self.settings.warmup_timeout_s)
@@ -99,6 +120,39 @@ class Webhook:
             return web.json_response({"error": f"not an AdmissionReview: {e}"}, status=400)
         self.metrics.observe(decision.outcome, time.perf_counter() - started)
         return web.json_response(answer, dumps=_dumps)
+
+    async def validate_groups(self, request: web.Request) -> web.Response:
+        started = time.perf_counter()
+        try:
+            body = await self._review(request)
+            if self.budget_view is None:
+                decision = admission.Decision(allowed=True, outcome="skipped")
+            else:
+                if not self.budget_view.budget_synced:
+                    await self.lookup.wait_synced(self.settings.warmup_timeout_s)
+                decision = budgets.decide(body, self.budget_view)
+            answer = admission.respond(body, decision)
+        except (ValueError, admission.MalformedReview) as e:
+            self.metrics.observe("malformed", time.perf_counter() - started)
+            return web.json_response({"error": f"not an AdmissionReview: {e}"}, status=400)
+        self.metrics.observe(decision.outcome, time.perf_counter() - started)
+        return web.json_response(answer, dumps=_dumps)
+
+    async def _review(self, request: web.Request) -> dict[str, Any]:
+        """The request body as a JSON object, within the size and time limits (see the module doc)."""
+        bounds = self.settings.limits
+        length = request.content_length
+        if length is not None and length > bounds.max_body_bytes:
+            raise web.HTTPRequestEntityTooLarge(max_size=bounds.max_body_bytes, actual_size=length)
+        large = length is None or length > bounds.large_body_bytes
+        try:
+            async with asyncio.timeout(bounds.body_timeout_s):
+                if large:
+                    async with self._large_bodies:  # parsing a big body costs several times its size
+                        return _parse(await request.read())
+                return _parse(await request.read())
+        except TimeoutError:
+            raise web.HTTPRequestTimeout(text="the request body did not arrive in time") from None
 
     async def _refresh_on_miss(self, body: Any) -> None:
         """A group created a moment before its pods (one ``kubectl apply -f``) may not have reached the
@@ -134,6 +188,16 @@ def freeze_startup_heap() -> None:
     gc.freeze()
 
 
+def _parse(raw: bytes) -> dict[str, Any]:
+    try:
+        body = json.loads(raw)
+    except RecursionError:  # nesting deeper than the parser's stack: no AdmissionReview is like that
+        raise ValueError("JSON nested too deeply") from None
+    if not isinstance(body, dict):
+        raise ValueError(f"the body is a JSON {type(body).__name__}, not an object")
+    return body
+
+
 def _opted_in(body: Any) -> bool:
     obj = ((body or {}).get("request") or {}).get("object") if isinstance(body, dict) else None
     return isinstance(obj, dict) and admission.group_name_of(obj) is not None
@@ -152,6 +216,7 @@ class RunningWebhook:
     webhook: Webhook
     reloader: tls.CertificateReloader
     runner: web.AppRunner
+    guard: limits.ConnectionGuard
     index: groups.GroupIndex | None
     _tasks: list[asyncio.Task[None]]
     _owned_client: client.ApiClient | None
@@ -186,6 +251,7 @@ async def start_webhook(
     warmup_timeout_s: float = DEFAULT_WARMUP_TIMEOUT_S,
     reload_interval_s: float = 5.0,
     watch_timeout_s: int = 300,
+    bounds: limits.Limits | None = None,
 ) -> RunningWebhook:
     """Serve the webhook over TLS on ``host:port`` (0 picks a free port) until ``stop()``.
 
@@ -206,8 +272,10 @@ async def start_webhook(
         env_names=env_names or envnames.EnvNames(),
         scheduler_name=scheduler_name,
         warmup_timeout_s=warmup_timeout_s,
+        limits=bounds or limits.Limits(),
     )
-    webhook = Webhook(lookup, settings, webhook_metrics)
+    budget_view = index if index is not None else (lookup if isinstance(lookup, budgets.BudgetView) else None)
+    webhook = Webhook(lookup, settings, webhook_metrics, budget_view)
     context = tls.server_context(tls_cert, tls_key)
     reloader = tls.CertificateReloader(
         context,
@@ -216,9 +284,10 @@ async def start_webhook(
         interval_s=reload_interval_s,
         on_reload=webhook_metrics.certificate_reloaded,
     )
-    runner = web.AppRunner(webhook.app(), access_log=None, shutdown_timeout=5.0)
+    guard = limits.ConnectionGuard(settings.limits)
+    runner = web.AppRunner(webhook.app(guard), access_log=None, shutdown_timeout=5.0)
     await runner.setup()
-    site = web.TCPSite(runner, host, port, ssl_context=context)
+    site = limits.GuardedSite(runner, host, port, ssl_context=context, guard=guard)
     await site.start()
     bound_port = int(runner.addresses[0][1])
     url_host = f"[{host}]" if ":" in host else host
@@ -230,6 +299,7 @@ async def start_webhook(
         webhook=webhook,
         reloader=reloader,
         runner=runner,
+        guard=guard,
         index=index,
         _tasks=tasks,
         _owned_client=owned,
