@@ -19,10 +19,17 @@ from typing import Any, Self
 import kmock
 import yaml
 
+from deviceshare.api import names
 from deviceshare.sandbox import admission, apiserver, catalog, errors, faults, identity, kubelet, patches, store
 
 CONTEXT = "deviceshare-sandbox"
 SYSTEM_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
+# What a shared node carries in a cluster that keeps non-members off it (docs/security.md).
+SHARED_NODE_TAINT = {
+    "key": names.SHARED_NODE_TAINT,
+    "value": names.SHARED_NODE_TAINT_VALUE,
+    "effect": names.SHARED_NODE_TAINT_EFFECT,
+}
 
 
 def default_crds() -> Path | None:
@@ -58,11 +65,14 @@ class Sandbox:
         watch_history: int = 10_000,
         bookmark_interval: float = 5.0,
         users: Mapping[str, identity.User] | None = None,
+        shared_taint: bool = False,
     ) -> None:
         self.resource = resource
         self.gpus = gpus
         self.node_cpu, self.node_memory = node_cpu, node_memory
         self.node_labels = dict(labels or {})
+        # Off by default: tests that create member pods without the webhook carry no toleration.
+        self.shared_taint = shared_taint
         self.store = store.ObjectStore(catalog.Catalog(), history=watch_history)
         self.admission = admission.Admission(self.store, service_endpoints)
         self.api = apiserver.ApiServer(
@@ -221,6 +231,8 @@ class Sandbox:
         cpu: str | None = None,
         memory: str | None = None,
     ) -> dict[str, Any]:
+        if self.shared_taint and taints is None:
+            taints = [SHARED_NODE_TAINT]
         body = kubelet.node(
             name,
             gpus=self.gpus if gpus is None else gpus,

@@ -3,7 +3,10 @@
 Nodes carry what the operator reads on a real GPU node: the ``deviceshare.io/mode: shared``
 label, ``nvidia.com/gpu`` (or another resource) in capacity/allocatable, CPU/memory, a Ready
 condition, taints and cordoning. The kubelet acts on watch events of pods: a pod bound to an
-existing, Ready node turns Running after ``delay`` seconds, like a container that started.
+existing, Ready node turns Running after ``delay`` seconds, like a container that started. As the
+real kubelet's admission does, a pod that does not tolerate one of the node's ``NoExecute`` taints
+is rejected instead (phase ``Failed``, reason ``UntoleratedTaint``): that is what stops a pod that
+names a tainted node in ``spec.nodeName`` and so skips every scheduler.
 """
 
 from __future__ import annotations
@@ -145,6 +148,10 @@ class Kubelet:
             or store.meta(pod).get("deletionTimestamp")
         ):
             return
+        taint = _untolerated_no_execute(host, pod)
+        if taint is not None:
+            self.store.write_status(self._pods, key[0], key[1], lambda p: _rejected(p, taint))
+            return
         self.store.write_status(self._pods, key[0], key[1], _running)
 
     def complete(self, namespace: str, name: str, phase: str = "Succeeded") -> dict[str, Any]:
@@ -168,6 +175,36 @@ class Kubelet:
             store.set_condition(pod, "ContainersReady", "False", "PodCompleted")
 
         return self.store.write_status(self._pods, namespace, name, finished)
+
+
+def _tolerates(toleration: Mapping[str, Any], taint: Mapping[str, Any]) -> bool:
+    """core/v1 Toleration.ToleratesTaint."""
+    if toleration.get("effect") and toleration.get("effect") != taint.get("effect"):
+        return False
+    if toleration.get("key") and toleration.get("key") != taint.get("key"):
+        return False
+    if toleration.get("operator", "Equal") == "Exists":
+        return True
+    return bool(toleration.get("key")) and toleration.get("value", "") == taint.get("value", "")
+
+
+def _untolerated_no_execute(host: Mapping[str, Any], pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    tolerations = pod.get("spec", {}).get("tolerations") or []
+    for taint in host.get("spec", {}).get("taints") or []:
+        if taint.get("effect") == "NoExecute" and not any(_tolerates(t, taint) for t in tolerations):
+            return dict(taint)
+    return None
+
+
+def _rejected(pod: dict[str, Any], taint: Mapping[str, Any]) -> None:
+    pod.setdefault("status", {}).update(
+        phase="Failed",
+        reason="UntoleratedTaint",
+        message=(
+            f"Pod was rejected: Predicate TaintToleration failed: node(s) had untolerated taint "
+            f"{{{taint.get('key')}: {taint.get('value', '')}}}"
+        ),
+    )
 
 
 def _running(pod: dict[str, Any]) -> None:
