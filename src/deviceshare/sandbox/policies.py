@@ -17,7 +17,7 @@ CEL variables: ``object``, ``oldObject`` (null on CREATE), ``request`` (``operat
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from deviceshare.sandbox import catalog, cel, errors, identity, selectors, store
@@ -32,7 +32,7 @@ def resource_matches(allowed: list[str], plural: str, subresource: str) -> bool:
         res, _, sub = entry.partition("/")
         if res not in ("*", plural):
             continue
-        if (not sub and not subresource) or sub == "*" or (sub and sub == subresource):
+        if entry == "*/*" or (subresource and sub in ("*", subresource)) or (not sub and not subresource):
             return True
     return False
 
@@ -115,8 +115,8 @@ class Policies:
                 "namespaceObject": namespace_object,
                 "params": None,
             }
-            refusal = _refusal(store.meta(policy).get("name", ""), store.meta(binding).get("name", ""),
-                               pspec, variables)
+            names = (store.meta(policy).get("name", ""), store.meta(binding).get("name", ""))
+            refusal = _refusal(*names, pspec, variables)
             if refusal is not None:
                 raise refusal
 
@@ -160,23 +160,19 @@ def _refusal(
             if not cel.is_true(condition["expression"], variables):
                 return None
     except cel.CelError as e:
-        return _error(403, "Forbidden", f"{prefix}: matchCondition failed: {e}") if fail_closed else None
-    for validation in _validations(spec):
+        return errors.ApiError(403, "Forbidden", f"{prefix}: matchCondition failed: {e}") if fail_closed else None
+    for validation in spec.get("validations") or []:
         expression = validation.get("expression", "")
         try:
             if cel.is_true(expression, variables):
                 continue
         except cel.CelError as e:
             if fail_closed:
-                return _error(403, "Forbidden", f"{prefix}: expression '{expression}' resulted in error: {e}")
+                return errors.ApiError(403, "Forbidden", f"{prefix}: expression '{expression}' resulted in error: {e}")
             continue
         reason = validation.get("reason") or "Invalid"
-        return _error(_CODES.get(reason, 422), reason, f"{prefix}: {_message(validation, variables)}")
+        return errors.ApiError(_CODES.get(reason, 422), reason, f"{prefix}: {_message(validation, variables)}")
     return None
-
-
-def _validations(spec: Mapping[str, Any]) -> Iterator[Mapping[str, Any]]:
-    yield from spec.get("validations") or []
 
 
 def _message(validation: Mapping[str, Any], variables: Mapping[str, Any]) -> str:
@@ -191,5 +187,3 @@ def _message(validation: Mapping[str, Any], variables: Mapping[str, Any]) -> str
     return str(validation.get("message") or f"failed expression: {validation.get('expression', '')}")
 
 
-def _error(code: int, reason: str, message: str) -> errors.ApiError:
-    return errors.ApiError(code, reason, message)
