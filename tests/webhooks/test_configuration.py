@@ -73,3 +73,36 @@ def test_match_condition_selects_opted_in_pods(metadata: dict[str, Any], matches
     program = env.program(env.compile(condition["expression"]))
     result = program.evaluate({"object": celpy.json_to_cel({"metadata": metadata, "spec": {}})})
     assert bool(result) is matches
+
+
+def test_the_group_budget_configuration_is_valid_and_is_what_the_base_ships() -> None:
+    from pathlib import Path
+
+    import yaml
+
+    built = configuration.build_group_validation(ca_bundle=CA, service_name="deviceshare-webhook")
+    kubernetes_validate.validate(built, "1.32.0", strict=True)
+    path = Path(__file__).resolve().parents[2] / "manifests" / "base" / "validating-webhook.yaml"
+    shipped = yaml.safe_load(path.read_text())
+    (hook,) = built["webhooks"]
+    del hook["clientConfig"]["caBundle"]  # an overlay adds it
+    assert shipped["webhooks"] == [hook]
+
+
+@pytest.mark.parametrize(("operation", "spec_changed", "called"), [
+    ("CREATE", True, True), ("UPDATE", True, True), ("UPDATE", False, False)])
+def test_the_group_budget_webhook_sees_creations_and_spec_changes_only(
+    operation: str, spec_changed: bool, called: bool
+) -> None:
+    (hook,) = configuration.build_group_validation(ca_bundle=CA, url="https://127.0.0.1:8443")["webhooks"]
+    old = {"spec": {"resources": {"nvidia.com/gpu": 1}}, "metadata": {"finalizers": []}}
+    new = {"spec": {"resources": {"nvidia.com/gpu": 2 if spec_changed else 1}},
+           "metadata": {"finalizers": ["deviceshare.io/release-devices"]}}
+    env = celpy.Environment()
+    (condition,) = hook["matchConditions"]
+    program = env.program(env.compile(condition["expression"]))
+    activation = {"request": celpy.json_to_cel({"operation": operation}),
+                  "object": celpy.json_to_cel(new),
+                  "oldObject": celpy.json_to_cel(old if operation == "UPDATE" else None)}
+    assert bool(program.evaluate(activation)) is called
+    assert hook["clientConfig"]["url"] == "https://127.0.0.1:8443/validate-groups"

@@ -30,7 +30,7 @@ from deviceshare.cli import inspect as inspect_cmd
 from deviceshare.kube import applying, connecting
 from deviceshare.operator.command import OperatorThread
 from deviceshare.operator.config import OperatorConfig
-from deviceshare.sandbox import Sandbox
+from deviceshare.sandbox import Sandbox, identity
 from deviceshare.webhooks import certs, configuration, server
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -66,6 +66,14 @@ def _manifests(folder: Path) -> list[dict[str, Any]]:
     return [d for d in docs if d.get("kind") != "Node"]  # the sandbox brings its own nodes
 
 
+def _admission_policies() -> list[dict[str, Any]]:
+    """manifests/base's ValidatingAdmissionPolicies and bindings, when run from a source checkout."""
+    path = Path(__file__).resolve().parents[3] / "manifests" / "base" / "admission-policy.yaml"
+    if not path.exists():
+        return []
+    return [d for d in yaml.safe_load_all(path.read_text()) if isinstance(d, dict)]
+
+
 def _pods_of_deployment(deployment: dict[str, Any]) -> list[dict[str, Any]]:
     meta, spec = deployment["metadata"], deployment["spec"]
     template = spec["template"]
@@ -84,8 +92,11 @@ async def demo(args: argparse.Namespace) -> int:
     async with contextlib.AsyncExitStack() as stack:
         sandbox = await stack.enter_async_context(
             Sandbox(nodes=args.nodes, gpus=args.gpus, kubeconfig_path=args.kubeconfig.resolve(),
-                    kubelet_delay=0.2)
+                    kubelet_delay=0.2, shared_taint=True)
         )
+        policies = _admission_policies()  # as a cluster installed from manifests/base runs them
+        for doc in policies:
+            sandbox.create(doc)
         print(f"sandbox: {args.nodes} nodes x {args.gpus} nvidia.com/gpu at {sandbox.url}", file=out)
         api = await connecting.api_client(str(sandbox.kubeconfig))
         stack.push_async_callback(api.close)
@@ -98,9 +109,16 @@ async def demo(args: argparse.Namespace) -> int:
         )
         stack.push_async_callback(webhook.stop)
         await applying.apply(api, configuration.build(url=webhook.mutate_url, ca_bundle=bundle.ca_bundle))
+        await applying.apply(api, configuration.build_group_validation(url=webhook.url, ca_bundle=bundle.ca_bundle))
         print(f"webhook: {webhook.mutate_url} (TLS, registered as a MutatingWebhookConfiguration)", file=out)
+        if policies:
+            shown = ", ".join(d["metadata"]["name"] for d in policies if d["kind"] == "ValidatingAdmissionPolicy")
+            print(f"admission policies: {shown}; shared nodes tainted {names.SHARED_NODE_TAINT}=true:NoExecute",
+                  file=out)
 
-        config = OperatorConfig(kubeconfig=str(sandbox.kubeconfig), metrics_port=None)
+        # The operator writes as its service account, the only one the policies let write device annotations.
+        operator_kubeconfig = sandbox.kubeconfig_as(identity.OPERATOR_TOKEN)
+        config = OperatorConfig(kubeconfig=str(operator_kubeconfig), metrics_port=None)
         operator = await OperatorThread(config).start()
         stack.push_async_callback(operator.stop)
         print(f"operator: scheduling as {config.scheduler_name}", file=out)
