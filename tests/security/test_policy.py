@@ -82,6 +82,12 @@ async def test_forged_device_claims_are_refused_at_creation(tenant: Kube, sandbo
     assert "rule device-annotations-operator-only" in refusal.message
     assert sandbox.get("pods", "fake-claim", NS) is None
 
+    # Nor may they be added to a pod that already runs (any pod, not only members).
+    await attacks.create_pod(tenant, attacks.pod(NS, "web"))
+    forged_later = {names.POD_SELECTED_DEVICES_ANNOTATION: '{"nvidia.com/gpu":"0"}'}
+    later = await refused(annotate(tenant, NS, "web", forged_later))
+    assert "rule device-annotations-operator-only" in later.message
+
 
 async def test_only_the_operator_may_bind_with_device_annotations(
     tenant: Kube, as_operator: Kube, sandbox: Sandbox
@@ -94,6 +100,11 @@ async def test_only_the_operator_may_bind_with_device_annotations(
     assert by_tenant.status == 403
     assert "rule device-annotations-operator-only" in by_tenant.message
     assert "pods/binding p" in by_tenant.message
+    legacy = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "p", "annotations": claim},
+              "target": {"apiVersion": "v1", "kind": "Node", "name": "gpu-node-1"}}
+    by_legacy = await refused(tenant._json(tenant.core.create_namespaced_binding(NS, legacy, _preload_content=False)))
+    assert "rule device-annotations-operator-only" in by_legacy.message
+    assert "bindings p" in by_legacy.message
     assert sandbox.get("pods", "p", NS)["spec"].get("nodeName") is None  # type: ignore[index]
 
     await attacks.bind(as_operator, NS, "p", "gpu-node-1", claim)  # the policy lets the operator's through
