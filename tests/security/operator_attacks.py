@@ -172,7 +172,8 @@ def lost_devices(system: System) -> list[str]:
         group = system.cluster.get(names.PLURAL, gname, gns)
         status = (group or {}).get("status") or {}
         held = (status.get("allocatedDevices") or {}).get(GPU, [])
-        if status.get("nodeName") != pod["spec"].get("nodeName") or sorted(held) != sorted(json.loads(selected)[GPU].split(",")):
+        wanted = sorted(json.loads(selected)[GPU].split(","))
+        if status.get("nodeName") != pod["spec"].get("nodeName") or sorted(held) != wanted:
             out.append(f"{ns}/{name} runs on devices its group {gns}/{gname} no longer holds ({status})")
     return out
 
