@@ -150,7 +150,7 @@ class ClusterApi:
         """The peers recorded in Kopf's ClusterKopfPeering object ``name``; None if it does not exist."""
         try:
             data = await self._call(
-                "GET", f"/apis/kopf.dev/v1/clusterkopfpeerings/{quote(name, safe='')}",
+                "GET", f"/apis/kopf.dev/v1/clusterkopfpeerings/{_segment(name)}",
                 f"get clusterkopfpeering {name}",
             )
         except Gone:
@@ -264,16 +264,23 @@ class ClusterApi:
         }
         try:
             await self._call(
-                "POST", f"/api/v1/namespaces/{quote(namespace, safe='')}/events",
+                "POST", f"/api/v1/namespaces/{_segment(namespace)}/events",
                 f"event {reason} for {kind} {namespace}/{name}", body,
             )
         except Exception as e:  # events are advisory
             logger.warning("could not post event %s for %s %s/%s: %s", reason, kind, namespace, name, e)
 
 
+def _segment(name: str) -> str:
+    """``name`` as exactly one path segment (no name the API server accepts is empty, "." or "..")."""
+    if name in ("", ".", ".."):
+        raise Invalid(f"{name!r} cannot be the name of an object")
+    return quote(name, safe="")
+
+
 def _group_path(key: GroupKey) -> str:
-    return f"/apis/{names.API_VERSION}/namespaces/{quote(key[0], safe='')}/{names.PLURAL}/{quote(key[1], safe='')}"
+    return f"/apis/{names.API_VERSION}/namespaces/{_segment(key[0])}/{names.PLURAL}/{_segment(key[1])}"
 
 
 def _pod_path(key: PodKey) -> str:
-    return f"/api/v1/namespaces/{quote(key[0], safe='')}/pods/{quote(key[1], safe='')}"
+    return f"/api/v1/namespaces/{_segment(key[0])}/pods/{_segment(key[1])}"
