@@ -196,6 +196,10 @@ class GroupReconciler:
                 await self.ctx.api.annotate_pod(pod.key, pod.uid, {**stale, **want})
             except (storage.Gone, storage.Conflict):
                 continue
+            except storage.Invalid as e:  # refused (a policy, RBAC): say so where the pod's owner looks
+                self.ctx.event(pod, "DeviceAnnotationsNotRestored", f"could not put back the device "
+                               f"annotations of SharedDeviceGroup \"{gkey[1]}\": {e}", warning=True)
+                continue
             self.ctx.event(
                 pod, "DeviceAnnotationsRestored",
                 "device annotations did not match the group's allocation and were put back", warning=True,
