@@ -53,17 +53,20 @@ def env_entry(env_name: str) -> dict[str, Any]:
 def is_injected(entry: Mapping[str, Any]) -> bool:
     """Whether an env entry is the one :func:`env_entry` makes (the API server may have defaulted
     ``fieldRef.apiVersion`` to ``v1`` since, or not)."""
-    name = str(entry.get("name"))
-    value_from = entry.get("valueFrom") or {}
-    field_ref = value_from.get("fieldRef") or {} if isinstance(value_from, Mapping) else {}
+    value_from = entry.get("valueFrom")
+    if "value" in entry or not isinstance(value_from, Mapping) or len(value_from) != 1:
+        return False
+    field_ref = value_from.get("fieldRef")
     return (
-        "value" not in entry
-        and isinstance(value_from, Mapping)
-        and set(value_from) == {"fieldRef"}
-        and isinstance(field_ref, Mapping)
-        and field_ref.get("fieldPath") == names.env_field_path(name)
+        isinstance(field_ref, Mapping)
+        and field_ref.get("fieldPath") == _field_path(str(entry.get("name")))
         and field_ref.get("apiVersion", "v1") == "v1"
     )
+
+
+@functools.lru_cache(maxsize=1024)  # a handful of env names, checked on every pod event the operator sees
+def _field_path(env_name: str) -> str:
+    return names.env_field_path(env_name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,15 +81,15 @@ class ContainerFacts:
 
 def container_facts(spec: Mapping[str, Any]) -> tuple[ContainerFacts, ...]:
     """The facts of every init container and container, in that order (bad shapes count as empty)."""
+    # Runs on every pod event the operator sees: plain loops, and is_injected only for valueFrom entries.
     out: list[ContainerFacts] = []
-    for list_name in ("initContainers", "containers"):
+    for list_name, kind in (("initContainers", "init container"), ("containers", "container")):
         containers = spec.get(list_name)
         if not isinstance(containers, list):
             continue
         for container in containers:
             if not isinstance(container, Mapping):
                 continue
-            kind = "init container" if list_name == "initContainers" else "container"
             resources = container.get("resources")
             requested: list[tuple[str, str]] = []
             if isinstance(resources, Mapping):
@@ -94,12 +97,12 @@ def container_facts(spec: Mapping[str, Any]) -> tuple[ContainerFacts, ...]:
                     listed = resources.get(section)
                     if isinstance(listed, Mapping):
                         requested.extend((section, str(r)) for r in sorted(listed) if "/" in str(r))
+            own: list[str] = []
             env = container.get("env")
-            own = frozenset(
-                str(e.get("name")) for e in (env if isinstance(env, list) else [])
-                if isinstance(e, Mapping) and not is_injected(e)
-            )
-            out.append(_interned(f"{kind} {container.get('name')!r}", tuple(requested), own))
+            for e in env if isinstance(env, list) else ():
+                if isinstance(e, Mapping) and ("valueFrom" not in e or not is_injected(e)):
+                    own.append(str(e.get("name")))
+            out.append(_interned(f"{kind} {container.get('name')!r}", tuple(requested), frozenset(own)))
     return tuple(out)
 
 
