@@ -25,8 +25,6 @@ from typing import Any, Protocol
 
 from deviceshare.api import envnames, models, names
 from deviceshare.core import members as member_rules
-from deviceshare.core.members import env_entry as env_entry  # re-exported: part of this module's API
-from deviceshare.core.members import is_injected as is_injected
 
 ADMISSION_API_VERSION = "admission.k8s.io/v1"
 RETRY_MESSAGE = "deviceshare webhook is still loading groups; retry the pod creation"
@@ -158,7 +156,19 @@ def mutate(
 
 def visibility_env(group: models.GroupSpec, env_names: envnames.EnvNames) -> list[str]:
     """The env var names a group's members get, once each, in resource order."""
-    return member_rules.visibility_env(group.resources, env_names)
+    out = member_rules.visibility_env(group.resources, env_names)
+    return list(out)
+
+
+def env_entry(env_name: str) -> dict[str, Any]:
+    """The env entry the webhook injects for one visibility variable."""
+    return member_rules.env_entry(env_name)
+
+
+def is_injected(entry: Mapping[str, Any]) -> bool:
+    """Whether an env entry is the one :func:`env_entry` makes (the API server may have defaulted
+    ``fieldRef.apiVersion`` to ``v1`` since, or not)."""
+    return member_rules.is_injected(entry)
 
 
 def respond(body: Mapping[str, Any], decision: Decision) -> dict[str, Any]:
