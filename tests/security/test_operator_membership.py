@@ -146,3 +146,31 @@ async def test_group_names_that_look_like_paths_are_refused_without_an_api_call_
         await refusal(system, "team-a", f"evil-{i}", "is not a valid group name" if bad[i].strip() else "is empty")
     assert all(node_of(system, "team-a", f"evil-{i}") is None for i in range(32))
     assert_safe(system)
+
+
+async def test_a_member_stripped_while_the_operator_is_down_is_still_a_member_after_the_restart(
+    system: System,
+) -> None:
+    kube = system.kube
+    await system.group("team-a", "a", 2)
+    await system.member("team-a", "a-0", "a")
+    node = node_of(system, "team-a", "a-0")
+    bound = group_status(system, "team-a", "a")["allocatedDevices"][GPU]
+    await system.operator.stop()
+    # Everything the pod says about its group and devices, gone or forged, while nobody watches.
+    await kube.patch_pod_annotations("team-a", "a-0", {
+        names.POD_GROUP_ANNOTATION: None, SELECTED: None, names.env_annotation(ENV): "all",
+    })
+    await system.restart_operator()
+
+    async def restored() -> bool:
+        pod = await kube.pod("team-a", "a-0")
+        ann = (pod or {})["metadata"].get("annotations") or {}
+        return ann.get(names.env_annotation(ENV)) == ",".join(bound) and bool(ann.get(SELECTED))
+
+    await kube.wait_for(restored, "the member's annotations put back from the group's status")
+    # The devices stay the group's: a group wanting that whole node waits.
+    await system.group("team-b", "b", 4, nodeSelector={"kubernetes.io/hostname": node})
+    await system.member("team-b", "b-0", "b", bound=False)
+    await refusal(system, "team-b", "b-0", "0/2 nodes are available")
+    assert_safe(system)
