@@ -28,8 +28,8 @@ import yaml
 from deviceshare.api import names
 from deviceshare.cli import inspect as inspect_cmd
 from deviceshare.kube import applying, connecting
-from deviceshare.operator.command import OperatorThread
 from deviceshare.operator.config import OperatorConfig
+from deviceshare.operator.process import OperatorThread
 from deviceshare.sandbox import Sandbox
 from deviceshare.webhooks import certs, configuration, server
 
@@ -37,13 +37,16 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--nodes", type=int, default=4, help="simulated GPU nodes (default 4)")
-    parser.add_argument("--gpus", type=int, default=8, help="GPUs per node (default 8)")
+    parser.add_argument("--nodes", type=int, default=4, help="simulated GPU nodes")
+    parser.add_argument("--gpus", type=int, default=8, help="GPUs per node")
     parser.add_argument(
         "--examples", type=Path, default=ROOT / "examples", help="folder of example manifests to apply"
     )
-    parser.add_argument("--kubeconfig", type=Path, default=Path(".sandbox/demo-kubeconfig"))
-    parser.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for every pod to bind")
+    parser.add_argument(
+        "--kubeconfig", metavar="FILE", type=Path, default=Path(".sandbox/demo-kubeconfig"),
+        help="where to write the demo cluster's kubeconfig (for kubectl, with --keep-running)",
+    )
+    parser.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for every pod to be bound")
     parser.add_argument(
         "--keep-running", action="store_true",
         help="keep the cluster up after showing the result (point kubectl at the printed kubeconfig)",

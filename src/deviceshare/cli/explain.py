@@ -226,8 +226,10 @@ async def read_facts(api: k8s.ApiClient, namespace: str, pod_name: str) -> Facts
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("pod", metavar="POD", help="the pod's name")
     parser.add_argument("-n", "--namespace", help="the pod's namespace (default: the kubeconfig context's)")
-    parser.add_argument("--kubeconfig", help="kubeconfig file (default: KUBECONFIG, ~/.kube/config, in-cluster)")
-    parser.add_argument("--context", help="kubeconfig context to use")
+    parser.add_argument(
+        "--kubeconfig", metavar="FILE", help="kubeconfig file (default: KUBECONFIG, ~/.kube/config, in-cluster)"
+    )
+    parser.add_argument("--context", help="kubeconfig context (default: the kubeconfig's current context)")
 
 
 def _default_namespace(kubeconfig: str | None, context: str | None) -> str:
@@ -257,8 +259,8 @@ def run(args: argparse.Namespace) -> int:
         else:
             print(f"deviceshare explain: {e.status} {e.message}", file=sys.stderr)
         return 1
-    except (connecting.ClusterNotFound, OSError) as e:
-        print(f"deviceshare explain: {e}", file=sys.stderr)
+    except OSError as e:  # the API server did not answer (a missing kubeconfig is the CLI's ConfigError)
+        print(f"deviceshare explain: cannot reach the API server: {e}", file=sys.stderr)
         return 1
     print("\n".join(lines))
     return 0

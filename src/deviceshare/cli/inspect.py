@@ -229,10 +229,12 @@ def render_table(nodes: Sequence[NodeDevices], out: TextIO) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--kubeconfig", help="kubeconfig file (default: KUBECONFIG, ~/.kube/config, in-cluster)")
-    parser.add_argument("--context", help="kubeconfig context to use")
-    parser.add_argument("--node", action="append", metavar="NODE", help="only this node (repeatable)")
-    parser.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    parser.add_argument(
+        "--kubeconfig", metavar="FILE", help="kubeconfig file (default: KUBECONFIG, ~/.kube/config, in-cluster)"
+    )
+    parser.add_argument("--context", help="kubeconfig context (default: the kubeconfig's current context)")
+    parser.add_argument("--node", action="append", metavar="NODE", help="only this node (repeatable; default: all)")
+    parser.add_argument("-o", "--output", choices=("table", "json"), default="table", help="output format")
 
 
 async def inspect(
@@ -247,8 +249,11 @@ async def inspect(
 def run(args: argparse.Namespace) -> int:
     try:
         nodes = asyncio.run(inspect(args.kubeconfig, context=args.context, only=args.node))
-    except (connecting.ClusterNotFound, rest.ApiError, OSError) as e:
+    except rest.ApiError as e:
         print(f"deviceshare inspect: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:  # the API server did not answer (a missing kubeconfig is the CLI's ConfigError)
+        print(f"deviceshare inspect: cannot reach the API server: {e}", file=sys.stderr)
         return 1
     if args.node and not nodes:
         print(f"deviceshare inspect: no such shared node: {', '.join(args.node)}", file=sys.stderr)
