@@ -181,7 +181,8 @@ def explain(facts: Facts) -> list[str]:
                  if status.get("nodeName") else "not placed yet")
         limit = (group.get("spec") or {}).get("maxMembers") or 0
         members = status.get("members") or []
-        lines.append(f"Group {ns}/{group_name}: phase {status.get('phase', names.PHASE_PENDING)}, {where}; "
+        shown_phase = status.get("phase") or "none yet (no status: is the operator running?)"
+        lines.append(f"Group {ns}/{group_name}: phase {shown_phase}, {where}; "
                      f"members {len(members)}{f'/{limit}' if limit else ''}"
                      + (f" ({', '.join(members)})" if members else "") + ".")
         for c in status.get("conditions") or []:
