@@ -5,8 +5,8 @@ the sandbox as a MutatingWebhookConfiguration, so pod creations really go throug
 operator; applies ``examples/``; waits until every example pod is bound; then prints the groups, the
 pods with the device IDs their containers will see, and the per-node device map.
 
-The sandbox has no controller-manager, so a Deployment's pods are created from its template by the
-demo itself (said so in the output) — on a real cluster the ReplicaSet controller does that.
+A Deployment's pods are made by the sandbox's small Deployment controller (through the webhook, as a
+ReplicaSet's are), named ``<deployment>-<n>``.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import copy
 import logging
 import sys
 import tempfile
@@ -69,25 +68,13 @@ def _manifests(folder: Path) -> list[dict[str, Any]]:
     return [d for d in docs if d.get("kind") != "Node"]  # the sandbox brings its own nodes
 
 
-def _pods_of_deployment(deployment: dict[str, Any]) -> list[dict[str, Any]]:
-    meta, spec = deployment["metadata"], deployment["spec"]
-    template = spec["template"]
-    pods = []
-    for i in range(int(spec.get("replicas", 1))):
-        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": copy.deepcopy(template.get("metadata") or {}),
-               "spec": copy.deepcopy(template["spec"])}
-        pod["metadata"].update(name=f"{meta['name']}-{i}", namespace=meta.get("namespace", "default"))
-        pods.append(pod)
-    return pods
-
-
 async def demo(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     out = sys.stdout
     async with contextlib.AsyncExitStack() as stack:
         sandbox = await stack.enter_async_context(
             Sandbox(nodes=args.nodes, gpus=args.gpus, kubeconfig_path=args.kubeconfig.resolve(),
-                    kubelet_delay=0.2)
+                    kubelet_delay=0.2, deployments=True)
         )
         print(f"sandbox: {args.nodes} nodes x {args.gpus} nvidia.com/gpu at {sandbox.url}", file=out)
         api = await connecting.api_client(str(sandbox.kubeconfig))
@@ -112,12 +99,9 @@ async def demo(args: argparse.Namespace) -> int:
         for obj in _manifests(args.examples):
             if obj.get("kind") == "Deployment":
                 await applying.apply(api, obj)
-                replicas = _pods_of_deployment(obj)
-                print(f"  (no controller-manager in the sandbox: creating Deployment "
-                      f"{obj['metadata']['name']}'s {len(replicas)} pods from its template)", file=out)
-                for pod in replicas:
-                    await applying.apply(api, pod)
-                    pods.append((pod["metadata"]["namespace"], pod["metadata"]["name"]))
+                replicas = int((obj.get("spec") or {}).get("replicas", 1))
+                ns = obj["metadata"].get("namespace", "default")
+                pods += [(ns, f"{obj['metadata']['name']}-{i}") for i in range(replicas)]
                 continue
             created = await applying.apply(api, obj)
             if obj.get("kind") == "Pod":

@@ -20,6 +20,7 @@ import kmock
 import yaml
 
 from deviceshare.sandbox import admission, apiserver, catalog, errors, faults, kubelet, patches, store
+from deviceshare.sandbox import deployments as deployments_
 
 CONTEXT = "deviceshare-sandbox"
 SYSTEM_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
@@ -57,6 +58,7 @@ class Sandbox:
         service_endpoints: admission.Endpoints | None = None,
         watch_history: int = 10_000,
         bookmark_interval: float = 5.0,
+        deployments: bool = False,
     ) -> None:
         self.resource = resource
         self.gpus = gpus
@@ -66,6 +68,8 @@ class Sandbox:
         self.admission = admission.Admission(self.store, service_endpoints)
         self.api = apiserver.ApiServer(self.store, self.admission, bookmark_interval=bookmark_interval)
         self.kubelet = kubelet.Kubelet(self.store, kubelet_delay) if kubelet_delay else None
+        # Off by default: most tests create a Deployment's pods themselves (or none at all).
+        self.deployments = deployments_.DeploymentController(self.store, self.admission) if deployments else None
         self._host, self._port = host, port
         self._kubeconfig_path = kubeconfig_path
         self._server: kmock.Server | None = None
@@ -91,6 +95,8 @@ class Sandbox:
         self.kubeconfig = self.write_kubeconfig(self._kubeconfig_path)
         if self.kubelet is not None:
             self.kubelet.start()
+        if self.deployments is not None:
+            self.deployments.start()
         return self
 
     async def __aexit__(
@@ -98,6 +104,8 @@ class Sandbox:
     ) -> None:
         if self.kubelet is not None:
             self.kubelet.stop()
+        if self.deployments is not None:
+            self.deployments.stop()
         self.store.close_watches()
         if self._server is not None:
             await self._server.__aexit__(exc_type, exc, tb)

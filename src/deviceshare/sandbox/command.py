@@ -1,4 +1,8 @@
-"""``deviceshare sandbox``: run the local cluster until Ctrl-C and tell the user how to reach it."""
+"""``deviceshare sandbox``: run the local cluster until Ctrl-C and tell the user how to reach it.
+
+Its Deployments make pods (a small controller, see ``deployments.py``), so the quickstart's
+``kubectl apply`` and ``kubectl scale`` behave as on a cluster.
+"""
 
 from __future__ import annotations
 
@@ -42,6 +46,7 @@ async def serve(args: argparse.Namespace, ready: asyncio.Event | None = None) ->
         kubeconfig_path=args.kubeconfig.resolve(),
         crds=args.crds,
         kubelet_delay=args.kubelet_delay,
+        deployments=True,  # `kubectl apply` of a Deployment makes pods, and `kubectl scale` works
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
