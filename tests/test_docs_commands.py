@@ -97,7 +97,7 @@ class Terminal:
             time.sleep(0.1)
 
     def stop(self) -> None:
-        for proc, lines in self.background:
+        for proc, _ in self.background:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C
         for proc, lines in self.background:
