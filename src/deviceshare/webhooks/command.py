@@ -19,9 +19,13 @@ import os
 import signal
 import socket
 import ssl
+from typing import TYPE_CHECKING
 
 from deviceshare import errors
 from deviceshare.api import names
+
+if TYPE_CHECKING:
+    from deviceshare.api.envnames import EnvNames
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -65,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _serve(args: argparse.Namespace, env_names: object) -> None:
+async def _serve(args: argparse.Namespace, env_names: EnvNames) -> None:
     from deviceshare.kube import connecting
     from deviceshare.webhooks import server, tls
 
@@ -86,7 +90,7 @@ async def _serve(args: argparse.Namespace, env_names: object) -> None:
                 api_client=api,
                 host=args.host,
                 port=args.port,
-                env_names=env_names,  # type: ignore[arg-type]  # EnvNames, imported lazily above
+                env_names=env_names,
                 scheduler_name=os.environ.get(names.ENV_SCHEDULER_NAME) or names.DEFAULT_SCHEDULER_NAME,
                 reload_interval_s=args.reload_interval,
             )
