@@ -65,7 +65,8 @@ def ready(runtime: Runtime | None) -> bool:
     if runtime is None or not runtime.started:
         return False
     if not runtime.scheduling:
-        return True  # a standby replica (or a deposed one) is connected and ready to take over
+        # A standby replica is ready while it can read the peering object: it can take over at once.
+        return runtime.leadership is not None and runtime.leadership.connected
     feeds = (runtime.pod_reflector, runtime.group_reflector)
     return all(f is not None and f.synced.is_set() for f in feeds)
 
