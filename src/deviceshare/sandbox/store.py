@@ -120,7 +120,9 @@ class ObjectStore:
         found = self._objects[rtype.key].get((namespace or "", name))
         if found is None:
             raise errors.not_found(rtype.plural, rtype.group, name)
-        return found
+        # A dry-run write works on a copy: patches share nested parts with their target, and the write
+        # path edits those (metadata) in place; the stored original must come back untouched.
+        return clone(found) if self._dry else found
 
     def get(self, rtype: catalog.ResourceType, namespace: str | None, name: str) -> Obj:
         return clone(self._existing(rtype, namespace, name))
