@@ -112,8 +112,8 @@ class Terminal:
 
 @pytest.fixture
 def terminal(tmp_path: Path) -> Iterator[Terminal]:
-    if KUBECTL is None:
-        pytest.skip("kubectl is not installed")
+    if KUBECTL is None or shutil.which("make") is None:
+        pytest.skip("the docs' commands need kubectl and make")
     if not (ROOT / ".venv" / "bin" / "deviceshare").exists():
         pytest.skip("the docs' commands use .venv/bin/deviceshare (make venv)")
     work = tmp_path / "repo"

@@ -3,8 +3,9 @@
 kmock gives the server (aiohttp on a loopback port), request parsing and its reaction DSL;
 reactions added with that DSL (``sandbox.api[...] << ...``) still take precedence, so tests can
 script odd answers. Everything else is routed here the way kube-apiserver routes it: discovery,
-CRUD on collections and objects, ``status`` and ``binding`` subresources, watches with
-resourceVersion resume, bookmarks, 410 Gone and ``timeoutSeconds``, and Table output.
+CRUD on collections and objects, ``status``, ``binding`` and ``scale`` subresources, server-side dry
+run (``dryRun=All``: see ``store.DRY_RUN``), watches with resourceVersion resume, bookmarks, 410 Gone
+and ``timeoutSeconds``, and Table output.
 """
 
 from __future__ import annotations
