@@ -72,5 +72,8 @@ def ready(runtime: Runtime | None) -> bool:
 
 
 def _describe(e: Exception) -> str:
+    """One short line: ``list nodes: Cannot connect to host ...`` rather than the client error's repr."""
     text = str(e) or type(e).__name__
+    if e.__cause__ is not None and str(e.__cause__):
+        text = f"{text.split(': ', 1)[0]}: {e.__cause__}"
     return text if len(text) < 300 else text[:300] + "..."
