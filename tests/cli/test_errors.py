@@ -183,3 +183,15 @@ def test_context_wherever_kubeconfig_is_accepted(name: str) -> None:
     flags = {f for a in _subcommands()[name]._actions for f in a.option_strings}
     if "--kubeconfig" in flags and name not in ("sandbox", "demo"):  # those two write a kubeconfig
         assert "--context" in flags, name
+
+
+@pytest.mark.parametrize("name", list(cli.SUBCOMMANDS))
+def test_subcommand_help_loads_no_client_library(env: dict[str, str], name: str) -> None:
+    slow = {"kopf", "aiohttp", "kubernetes_asyncio", "kmock"}  # each costs about a second to import
+    probe = (
+        "import sys\nfrom deviceshare import cli\n"
+        f"try:\n    cli.main([{name!r}, '--help'])\nexcept SystemExit:\n    pass\n"
+        f"print(sorted({{m.split('.')[0] for m in sys.modules}} & {slow!r}), file=sys.stderr)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
+    assert result.stderr.strip() == "[]", f"deviceshare {name} --help imports {result.stderr.strip()}"

@@ -20,17 +20,16 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from deviceshare.api import names
 from deviceshare.cli import inspect as inspect_cmd
-from deviceshare.kube import applying, connecting
 from deviceshare.operator.config import OperatorConfig
-from deviceshare.operator.process import OperatorThread
-from deviceshare.sandbox import Sandbox
-from deviceshare.webhooks import certs, configuration, server
+
+if TYPE_CHECKING:
+    from deviceshare.sandbox.cluster import Sandbox
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -69,6 +68,12 @@ def _manifests(folder: Path) -> list[dict[str, Any]]:
 
 
 async def demo(args: argparse.Namespace) -> int:
+    # Imported here, not at the top: `deviceshare demo --help` need not load all of it.
+    from deviceshare.kube import applying, connecting
+    from deviceshare.operator.process import OperatorThread
+    from deviceshare.sandbox import Sandbox
+    from deviceshare.webhooks import certs, configuration, server
+
     started = time.perf_counter()
     out = sys.stdout
     async with contextlib.AsyncExitStack() as stack:

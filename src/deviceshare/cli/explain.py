@@ -15,15 +15,16 @@ import json
 import re
 import sys
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
-from kubernetes_asyncio import client as k8s
 
 from deviceshare.api import names
 from deviceshare.cli import inspect as inspect_
 from deviceshare.core import inventory, reasons
-from deviceshare.kube import connecting, rest
+
+if TYPE_CHECKING:
+    from kubernetes_asyncio import client as k8s
 
 _COUNTED = re.compile(r"^\d+/\d+ nodes are available: (?P<reasons>.*?)\.?$")
 _REASON = re.compile(r"^(?P<count>\d+) (?P<reason>.+)$")
@@ -203,6 +204,8 @@ def explain(facts: Facts) -> list[str]:
 
 
 async def read_facts(api: k8s.ApiClient, namespace: str, pod_name: str) -> Facts:
+    from deviceshare.kube import rest  # the client library loads on use: `--help` stays fast
+
     pod = await inspect_.get_json(api, f"/api/v1/namespaces/{namespace}/pods/{pod_name}")
     group_name = _group_name(pod)
     group = None
@@ -235,6 +238,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _default_namespace(kubeconfig: str | None, context: str | None) -> str:
     """The namespace of the kubeconfig's current (or given) context, as kubectl picks it."""
+    from deviceshare.kube import connecting
+
     for path in connecting.kubeconfig_paths(kubeconfig):
         with open(path) as f:
             cfg = yaml.safe_load(f) or {}
@@ -246,11 +251,15 @@ def _default_namespace(kubeconfig: str | None, context: str | None) -> str:
 
 
 async def run_async(kubeconfig: str | None, namespace: str, pod: str, *, context: str | None = None) -> list[str]:
+    from deviceshare.kube import connecting
+
     async with await connecting.api_client(kubeconfig, context=context) as api:
         return explain(await read_facts(api, namespace, pod))
 
 
 def run(args: argparse.Namespace) -> int:
+    from deviceshare.kube import rest
+
     try:
         namespace = args.namespace or _default_namespace(args.kubeconfig, args.context)
         lines = asyncio.run(run_async(args.kubeconfig, namespace, args.pod, context=args.context))

@@ -15,13 +15,13 @@ import dataclasses
 import json
 import sys
 from collections.abc import Mapping, Sequence
-from typing import Any, TextIO
-
-from kubernetes_asyncio import client as k8s
+from typing import TYPE_CHECKING, Any, TextIO
 
 from deviceshare.api import names
 from deviceshare.core import inventory
-from deviceshare.kube import connecting, rest
+
+if TYPE_CHECKING:
+    from kubernetes_asyncio import client as k8s
 
 FREE = "-"
 CONFLICT = "CONFLICT"
@@ -138,6 +138,8 @@ def device_map(nodes: Sequence[Mapping[str, Any]], groups: Sequence[Mapping[str,
 
 
 async def get_json(api: k8s.ApiClient, path: str) -> Any:
+    from deviceshare.kube import rest  # the client library loads on use: `--help` stays fast
+
     return await rest.call(api, "GET", path)
 
 
@@ -240,6 +242,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 async def inspect(
     kubeconfig: str | None, *, context: str | None = None, only: Sequence[str] | None = None
 ) -> list[NodeDevices]:
+    from deviceshare.kube import connecting
+
     async with await connecting.api_client(kubeconfig, context=context) as api:
         snap = await read_snapshot(api, pods=False)
     nodes = device_map(snap.nodes, snap.groups)
@@ -247,6 +251,8 @@ async def inspect(
 
 
 def run(args: argparse.Namespace) -> int:
+    from deviceshare.kube import rest
+
     try:
         nodes = asyncio.run(inspect(args.kubeconfig, context=args.context, only=args.node))
     except rest.ApiError as e:
