@@ -16,6 +16,8 @@ from typing import Any
 
 import yaml
 
+from deviceshare import errors
+
 DEFAULT_ENV_NAMES: Mapping[str, tuple[str, ...]] = {
     "nvidia.com/": ("NVIDIA_VISIBLE_DEVICES",),
     "amd.com/": ("AMD_VISIBLE_DEVICES",),
@@ -28,7 +30,7 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _RESOURCE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 
 
-class EnvNameConfigError(ValueError):
+class EnvNameConfigError(errors.ConfigError, ValueError):
     """The env-name mapping given by an admin is malformed."""
 
 
@@ -71,7 +73,10 @@ class EnvNames:
     @classmethod
     def from_file(cls, path: str | Path) -> EnvNames:
         """Load overrides from a YAML or JSON file: ``{envNames: {KEY: [ENV, ...]}}`` or the bare map."""
-        text = Path(path).read_text()
+        try:
+            text = Path(path).read_text()
+        except OSError as e:
+            raise EnvNameConfigError(f"cannot read the env-name mapping {path} (--env-config): {e.strerror}") from e
         try:
             data: Any = yaml.safe_load(text) if text.strip() else {}
         except yaml.YAMLError as e:

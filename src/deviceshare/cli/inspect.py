@@ -15,13 +15,13 @@ import dataclasses
 import json
 import sys
 from collections.abc import Mapping, Sequence
-from typing import Any, TextIO
-
-from kubernetes_asyncio import client as k8s
+from typing import TYPE_CHECKING, Any, TextIO
 
 from deviceshare.api import names
 from deviceshare.core import inventory
-from deviceshare.kube import connecting, rest
+
+if TYPE_CHECKING:
+    from kubernetes_asyncio import client as k8s
 
 FREE = "-"
 CONFLICT = "CONFLICT"
@@ -138,6 +138,8 @@ def device_map(nodes: Sequence[Mapping[str, Any]], groups: Sequence[Mapping[str,
 
 
 async def get_json(api: k8s.ApiClient, path: str) -> Any:
+    from deviceshare.kube import rest  # the client library loads on use: `--help` stays fast
+
     return await rest.call(api, "GET", path)
 
 
@@ -229,15 +231,19 @@ def render_table(nodes: Sequence[NodeDevices], out: TextIO) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--kubeconfig", help="kubeconfig file (default: KUBECONFIG, ~/.kube/config, in-cluster)")
-    parser.add_argument("--context", help="kubeconfig context to use")
-    parser.add_argument("--node", action="append", metavar="NODE", help="only this node (repeatable)")
-    parser.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    parser.add_argument(
+        "--kubeconfig", metavar="FILE", help="kubeconfig file (default: KUBECONFIG, ~/.kube/config, in-cluster)"
+    )
+    parser.add_argument("--context", help="kubeconfig context (default: the kubeconfig's current context)")
+    parser.add_argument("--node", action="append", metavar="NODE", help="only this node (repeatable; default: all)")
+    parser.add_argument("-o", "--output", choices=("table", "json"), default="table", help="output format")
 
 
 async def inspect(
     kubeconfig: str | None, *, context: str | None = None, only: Sequence[str] | None = None
 ) -> list[NodeDevices]:
+    from deviceshare.kube import connecting
+
     async with await connecting.api_client(kubeconfig, context=context) as api:
         snap = await read_snapshot(api, pods=False)
     nodes = device_map(snap.nodes, snap.groups)
@@ -245,10 +251,15 @@ async def inspect(
 
 
 def run(args: argparse.Namespace) -> int:
+    from deviceshare.kube import rest
+
     try:
         nodes = asyncio.run(inspect(args.kubeconfig, context=args.context, only=args.node))
-    except (connecting.ClusterNotFound, rest.ApiError, OSError) as e:
+    except rest.ApiError as e:
         print(f"deviceshare inspect: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:  # the API server did not answer (a missing kubeconfig is the CLI's ConfigError)
+        print(f"deviceshare inspect: cannot reach the API server: {e}", file=sys.stderr)
         return 1
     if args.node and not nodes:
         print(f"deviceshare inspect: no such shared node: {', '.join(args.node)}", file=sys.stderr)
