@@ -302,6 +302,8 @@ class ObjectStore:
         """The stored object and what a PUT (``content_type`` None) or PATCH would make of it, not
         yet stored: admission sees the result first, then :meth:`commit_update` stores it."""
         old = self._existing(rtype, namespace, name)
+        # Under a dry run the patch must not touch the stored object through shared nested parts.
+        base = clone(old) if DRY_RUN.get() and not self._dry else old
         if content_type is None:
             new: Obj = clone(dict(body))
             if meta(new).get("name", name) != name:
@@ -317,12 +319,13 @@ class ObjectStore:
                     [("metadata.resourceVersion", "Invalid value: 0x0: must be specified for an update")],
                 )
         else:
-            new = patches.apply(content_type, old, body, custom=rtype.custom)
+            new = patches.apply(content_type, base, body, custom=rtype.custom)
             if not isinstance(new, dict):
                 raise errors.bad_request("the patch did not produce an object")
         self._check_precondition(rtype, old, new)
-        return old, self._merged(rtype, old, new, subresource)
+        return old, self._merged(rtype, base, new, subresource)
 
+    @_undone_when_dry
     def commit_update(self, rtype: catalog.ResourceType, old: Obj, new: Obj) -> Obj | None:
         """Store what :meth:`prepare_update` made, unless the object changed meanwhile (then None)."""
         md = meta(old)
