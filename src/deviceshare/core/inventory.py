@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from deviceshare.api import names, quantities
+from deviceshare.core import devicecapacity
 
 GroupKey = tuple[str, str]  # (namespace, name)
 PodKey = tuple[str, str]  # (namespace, name)
@@ -48,6 +49,9 @@ class NodeInfo:
     cpu_milli: int
     memory_bytes: int
     problems: tuple[str, ...] = ()
+    # Per-device capacity for sharing groups (CONTRACT §7); a resource absent here declared none.
+    device_memory: Mapping[str, int] = field(default_factory=dict)  # resource -> bytes per device
+    device_tiles: Mapping[str, int] = field(default_factory=dict)  # resource -> tiles per device
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +145,8 @@ def node_from_object(obj: Mapping[str, Any]) -> NodeInfo:
         # Handing out "0".."N-1" when the admin listed UUIDs would name the wrong devices.
         devices = {}
 
+    device_memory, device_tiles = devicecapacity.read(labels, annotations, devices, problems)
+
     cpu, memory = 0, 0
     try:
         cpu = parse_cpu(allocatable["cpu"]) if "cpu" in allocatable else 0
@@ -170,6 +176,8 @@ def node_from_object(obj: Mapping[str, Any]) -> NodeInfo:
         cpu_milli=cpu,
         memory_bytes=memory,
         problems=tuple(problems),
+        device_memory=device_memory,
+        device_tiles=device_tiles,
     )
 
 
