@@ -13,16 +13,30 @@ from tests.reliability import invariants
 GPU = "nvidia.com/gpu"
 
 
-def node(name: str, gpus: int = 4, annotation: str | None = None) -> dict[str, Any]:
+INTEL = "gpu.intel.com/i915"
+
+
+def node(name: str, gpus: int = 4, annotation: str | None = None, memory_mib: int | None = None) -> dict[str, Any]:
     meta: dict[str, Any] = {"name": name}
     if annotation is not None:
         meta["annotations"] = {names.NODE_DEVICES_ANNOTATION: annotation}
+    if memory_mib is not None:
+        meta["labels"] = {names.NVIDIA_GPU_MEMORY_LABEL: str(memory_mib)}
     return {"metadata": meta, "status": {"allocatable": {GPU: str(gpus), "cpu": "8"}}}
 
 
-def group(name: str, node_name: str | None, ids: list[str] | None) -> dict[str, Any]:
-    status = {"nodeName": node_name, "allocatedDevices": {GPU: ids}} if ids else {}
-    return {"metadata": {"name": name, "namespace": "ns"}, "status": status}
+def intel_node(name: str, cards: int = 2, tiles: int = 4) -> dict[str, Any]:
+    return {"metadata": {"name": name, "labels": {names.INTEL_TILES_LABEL: str(tiles)}},
+            "status": {"allocatable": {INTEL: str(cards)}}}
+
+
+def group(name: str, node_name: str | None, ids: list[str] | None, share: dict[str, Any] | None = None,
+          tiles: list[str] | None = None, resource: str = GPU) -> dict[str, Any]:
+    status: dict[str, Any] = {"nodeName": node_name, "allocatedDevices": {resource: ids}} if ids else {}
+    if tiles:
+        status["allocatedTiles"] = {resource: tiles}
+    spec = {"resources": {resource: len(ids or [1])}, **({"share": {resource: share}} if share else {})}
+    return {"metadata": {"name": name, "namespace": "ns"}, "spec": spec, "status": status}
 
 
 def pod(name: str, group_name: str, node_name: str | None, ids: str | None, phase: str = "Running") -> dict[str, Any]:
@@ -55,6 +69,42 @@ CASES: dict[str, tuple[invariants.Snapshot, list[str]]] = {
     "a malformed annotation offers nothing": (
         invariants.Snapshot([node("n", annotation="{oops")], [group("a", "n", ["0"])], []),
         ["device '0' is not offered", "1 devices allocated, capacity 0"]),
+    "sharers within the device": (
+        invariants.Snapshot([node("n", memory_mib=81920)],
+                            [group("a", "n", ["0"], {"compute": "500m", "memory": "40Gi"}),
+                             group("b", "n", ["0"], {"compute": "0.5", "memory": "40Gi"})],
+                            [pod("p", "a", "n", "0")]), []),
+    "compute over-committed": (
+        invariants.Snapshot([node("n", memory_mib=81920)],
+                            [group("a", "n", ["0"], {"compute": "600m"}), group("b", "n", ["0"], {"compute": "500m"})],
+                            []), ["over-committed: compute 1100m"]),
+    "memory over-committed": (
+        invariants.Snapshot([node("n", memory_mib=81920)],
+                            [group("a", "n", ["0"], {"memory": "50Gi"}), group("b", "n", ["0"], {"memory": "40Gi"})],
+                            []), ["over-committed: memory"]),
+    "memory on a node that declares none": (
+        invariants.Snapshot([node("n")], [group("a", "n", ["0"], {"memory": "1Gi"})], []),
+        ["over-committed: memory 1073741824 bytes (declared None)"]),
+    "a sharer on a wholly held device": (
+        invariants.Snapshot([node("n", memory_mib=81920)],
+                            [group("a", "n", ["0"]), group("b", "n", ["0"], {"compute": "100m"})], []),
+        ["device 0 held by 2 groups"]),
+    "tiles held once each": (
+        invariants.Snapshot([intel_node("n")],
+                            [group("a", "n", ["0"], {"tiles": 1}, ["0.0"], INTEL),
+                             group("b", "n", ["0"], {"tiles": 1}, ["0.1"], INTEL)], []), []),
+    "a tile held twice": (
+        invariants.Snapshot([intel_node("n")],
+                            [group("a", "n", ["0"], {"tiles": 1}, ["0.1"], INTEL),
+                             group("b", "n", ["0"], {"tiles": 1}, ["0.1"], INTEL)], []), ["a tile is held twice"]),
+    "a tile beyond the device": (
+        invariants.Snapshot([intel_node("n")], [group("a", "n", ["1"], {"tiles": 1}, ["1.2"], INTEL)], []),
+        ["beyond its 2 tiles"]),
+    "tiles and compute sharers mixed": (
+        invariants.Snapshot([intel_node("n")],
+                            [group("a", "n", ["0"], {"tiles": 1}, ["0.0"], INTEL),
+                             group("b", "n", ["0"], {"compute": "100m"}, None, INTEL)], []),
+        ["mixes compute/memory sharers and tile holders"]),
 }
 
 

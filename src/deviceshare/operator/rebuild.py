@@ -2,7 +2,9 @@
 
 A group's status is the primary record (it is written before any pod learns its devices); member pods'
 ``selected-devices`` annotations are a second witness. Both become claims; the ledger decides what
-conflicts, and reports rather than picks.
+conflicts, and reports rather than picks. A sharing group's claim carries its share, read back from its
+spec (immutable once Bound), and its tiles from its status, so the rebuilt ledger counts the capacity
+it holds and can tell an over-committed device (CONTRACT §7).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from deviceshare.api import names
+from deviceshare.core import capacity
 from deviceshare.core import ledger as ledgers
 
 from . import state as state_
@@ -19,7 +22,10 @@ def claims(
     groups: Iterable[state_.GroupRecord], pods: Iterable[state_.PodRecord]
 ) -> list[ledgers.Claim]:
     out: list[ledgers.Claim] = []
+    shares: dict[state_.GroupKey, dict[str, capacity.Share]] = {}
     for g in groups:
+        share = capacity.shares_from_spec(g.spec.share) if g.spec is not None else {}
+        shares[g.key] = share
         st = g.status
         if st.phase in (names.PHASE_BOUND, names.PHASE_RELEASING) and st.node_name and st.allocated_devices:
             out.append(
@@ -28,6 +34,8 @@ def claims(
                     node=st.node_name,
                     devices={r: tuple(ids) for r, ids in st.allocated_devices.items()},
                     source=f"status of {g.key[0]}/{g.key[1]}",
+                    share=share,
+                    tiles={r: tuple(ids) for r, ids in st.allocated_tiles.items()},
                 )
             )
     for p in pods:
@@ -41,6 +49,7 @@ def claims(
                     node=p.node_name,
                     devices={r: tuple(ids) for r, ids in devices.items()},
                     source=f"pod {p.key[0]}/{p.key[1]}",
+                    share=shares.get(p.group_key, {}),
                 )
             )
     return out

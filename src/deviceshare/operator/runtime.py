@@ -149,6 +149,9 @@ class Runtime:
         ctx.unschedulable.clear()
         for c in report.conflicts:
             ctx.metrics.device_conflicts.inc()
+            # Over-commitment and mixed kinds are reported, as double holding is: nobody is evicted.
+            logger.error("device %s=%s on node %s %s: %s", c.resource, c.device, c.node, c.reason,
+                         ", ".join(f"{ns}/{n}" for ns, n in c.groups))
             for g in c.groups:
                 ctx.conflicts.setdefault(g, set()).update(o for o in c.groups if o != g)
         for g, others in ctx.conflicts.items():

@@ -169,7 +169,7 @@ class PodScheduler:
             if problem is not None:
                 return Outcome(Result.UNSCHEDULABLE, f"group is on node {allocation.node}: {problem.message()}")
 
-        annotations = statuses.device_annotations(allocation.devices, ctx.config.env_names)
+        annotations = statuses.member_annotations(allocation, ctx.config.env_names)
         try:
             await ctx.api.annotate_pod(pod.key, pod.uid, annotations)
             await ctx.api.bind_pod(pod.key, pod.uid, allocation.node)
@@ -187,7 +187,7 @@ class PodScheduler:
         # Seen as bound right away, so the next member counts it before the watch event arrives.
         ctx.state.assume(pod, allocation.node, annotations)
         ctx.ledger.account_pod(pod.key, allocation.node, pod.demand.cpu_milli, pod.demand.memory_bytes)
-        devices = statuses.describe_devices(allocation.devices)
+        devices = statuses.describe_allocation(allocation)
         if fresh:
             ctx.event(group, "Bound", f"Placed on node {allocation.node} with {devices}")
         ctx.event(
@@ -208,12 +208,11 @@ class PodScheduler:
                 "phase": names.PHASE_BOUND,
                 "members": members,
                 "memberCount": len(members),
-                "nodeName": allocation.node,
-                "allocatedDevices": {r: list(ids) for r, ids in sorted(allocation.devices.items())},
+                **statuses.placement_status(allocation),
                 "observedGeneration": current.generation,
                 "conditions": statuses.condition(
                     statuses.wire_conditions(current.status.conditions), names.CONDITION_SCHEDULED, "True", "Bound",
-                    f"placed on node {allocation.node} with {statuses.describe_devices(allocation.devices)}",
+                    f"placed on node {allocation.node} with {statuses.describe_allocation(allocation)}",
                     current.generation,
                 ),
             }
@@ -234,8 +233,7 @@ class PodScheduler:
         group = self.ctx.state.groups.get(gkey)
         status = {
             "phase": names.PHASE_PENDING,
-            "nodeName": None,
-            "allocatedDevices": None,
+            **statuses.placement_status(None),
             "conditions": statuses.condition(
                 statuses.wire_conditions(group.status.conditions) if group else [],
                 names.CONDITION_SCHEDULED, "False", "RolledBack", why,

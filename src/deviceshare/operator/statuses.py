@@ -7,6 +7,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from deviceshare.api import envnames, models, names
+from deviceshare.core import ledger as ledgers
 
 from .storage import now_rfc3339
 
@@ -26,8 +27,50 @@ def device_annotations(
     return out
 
 
+def member_annotations(allocation: ledgers.Allocation, env_names: envnames.EnvNames) -> dict[str, str]:
+    """What every member of the group carries, for the scheduler's write and the reconciler's repair alike."""
+    return device_annotations(allocation.devices, env_names)
+
+
+def placement_status(allocation: ledgers.Allocation | None) -> dict[str, Any]:
+    """The status fields that say where a group is placed; all None (a merge patch clears them) when it is not.
+
+    ``allocatedTiles`` only for a group holding tiles (CONTRACT §7), so a whole-device group's status
+    reads exactly as before sharing existed.
+    """
+    if allocation is None:
+        return {"nodeName": None, "allocatedDevices": None, "allocatedTiles": None}
+    return {
+        "nodeName": allocation.node,
+        "allocatedDevices": {r: list(ids) for r, ids in sorted(allocation.devices.items())},
+        "allocatedTiles": {r: list(ids) for r, ids in sorted(allocation.tiles.items())} or None,
+    }
+
+
+def same_placement(status: models.GroupStatus, desired: Mapping[str, Any]) -> bool:
+    """Does the group's status already say what :func:`placement_status` would write?"""
+    return bool(
+        status.node_name == desired["nodeName"]
+        and (status.allocated_devices or None) == desired["allocatedDevices"]
+        and (status.allocated_tiles or None) == desired["allocatedTiles"]
+    )
+
+
 def describe_devices(devices: Mapping[str, Sequence[str]]) -> str:
     return "; ".join(f"{r} {','.join(ids)}" for r, ids in sorted(devices.items()))
+
+
+def describe_allocation(allocation: ledgers.Allocation) -> str:
+    """``nvidia.com/gpu 0,1``, or with a share ``nvidia.com/gpu 0 (compute=460m,memory=12Gi)``, tiles named."""
+    out = []
+    for resource, ids in sorted(allocation.devices.items()):
+        share = allocation.share.get(resource)
+        text = f"{resource} {','.join(ids)}"
+        if share is not None:
+            tiles = allocation.tiles.get(resource)
+            text += f" ({share.describe()}{': ' + ','.join(tiles) if tiles else ''})"
+        out.append(text)
+    return "; ".join(out)
 
 
 def wire_conditions(conditions: Iterable[models.Condition]) -> list[dict[str, Any]]:
