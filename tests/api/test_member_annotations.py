@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from deviceshare.api import annotations, envnames, models
+from deviceshare.api import envnames, models, podannotations
 
 GPU = "nvidia.com/gpu"
 I915 = "gpu.intel.com/i915"
@@ -52,7 +52,7 @@ def share(**entry: Any) -> models.DeviceShare:
 def test_member_annotations(
     devices: dict[str, list[str]], shares: dict[str, Any], tiles: dict[str, list[str]], expected: dict[str, str]
 ) -> None:
-    got = annotations.member_annotations(devices, envnames.EnvNames(), shares, tiles)
+    got = podannotations.member_annotations(devices, envnames.EnvNames(), shares, tiles)
     want = {
         (f"deviceshare.io/{k}" if k == "selected-devices" else ENV + k): v for k, v in expected.items()
     }
@@ -60,7 +60,7 @@ def test_member_annotations(
 
 
 def test_tile_ordinals_follow_the_node_inventory() -> None:
-    got = annotations.member_annotations(
+    got = podannotations.member_annotations(
         {I915: ["card-b"]}, envnames.EnvNames(), {I915: share(tiles=2)}, {I915: ["card-b.0", "card-b.1"]},
         node_devices={I915: ["card-a", "card-b"]},
     )
@@ -69,7 +69,7 @@ def test_tile_ordinals_follow_the_node_inventory() -> None:
 
 def test_hami_core_names_and_format_are_configurable() -> None:
     env = envnames.EnvNames.from_mapping({"limitEnvNames": {"nvidia.com/": "hami-core"}})
-    got = annotations.member_annotations({GPU: ["1"]}, env, {GPU: share(compute="0.5", memory="12Gi")})
+    got = podannotations.member_annotations({GPU: ["1"]}, env, {GPU: share(compute="0.5", memory="12Gi")})
     assert got[ENV + "CUDA_DEVICE_SM_LIMIT"] == "50"
     assert got[ENV + "CUDA_DEVICE_MEMORY_LIMIT"] == "12288m"
     assert ENV + "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in got

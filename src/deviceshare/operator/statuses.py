@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from deviceshare.api import annotations, envnames, models
+from deviceshare.api import envnames, models, podannotations
 
 from .storage import now_rfc3339
 
@@ -13,12 +13,12 @@ from .storage import now_rfc3339
 def device_annotations(
     devices: Mapping[str, Sequence[str]],
     env_names: envnames.EnvNames,
-    share: Mapping[str, annotations.ShareAmounts] | None = None,
+    share: Mapping[str, podannotations.ShareAmounts] | None = None,
     tiles: Mapping[str, Sequence[str]] | None = None,
     node_devices: Mapping[str, Sequence[str]] | None = None,
 ) -> dict[str, str]:
-    """The annotations a member pod carries; see :func:`deviceshare.api.annotations.member_annotations`."""
-    return annotations.member_annotations(devices, env_names, share, tiles, node_devices)
+    """The annotations a member pod carries; see :func:`deviceshare.api.podannotations.member_annotations`."""
+    return podannotations.member_annotations(devices, env_names, share, tiles, node_devices)
 
 
 def describe_devices(devices: Mapping[str, Sequence[str]]) -> str:
