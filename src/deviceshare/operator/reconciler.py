@@ -169,7 +169,9 @@ class GroupReconciler:
     async def _restore_pod_annotations(
         self, gkey: state_.GroupKey, allocation: ledgers.Allocation, members: list[state_.PodRecord]
     ) -> None:
-        want = statuses.member_annotations(allocation, self.ctx.config.env_names)
+        want = statuses.member_annotations(
+            allocation, self.ctx.config.env_names, self.ctx.ledger.node(allocation.node)
+        )
         want_env = {
             k[len(names.POD_ENV_ANNOTATION_PREFIX):]: v
             for k, v in want.items() if k.startswith(names.POD_ENV_ANNOTATION_PREFIX)

@@ -169,7 +169,7 @@ class PodScheduler:
             if problem is not None:
                 return Outcome(Result.UNSCHEDULABLE, f"group is on node {allocation.node}: {problem.message()}")
 
-        annotations = statuses.member_annotations(allocation, ctx.config.env_names)
+        annotations = statuses.member_annotations(allocation, ctx.config.env_names, ctx.ledger.node(allocation.node))
         try:
             await ctx.api.annotate_pod(pod.key, pod.uid, annotations)
             await ctx.api.bind_pod(pod.key, pod.uid, allocation.node)

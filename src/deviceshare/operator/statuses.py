@@ -2,34 +2,35 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from deviceshare.api import envnames, models, names
+from deviceshare.api import envnames, models, podannotations
+from deviceshare.core import inventory
 from deviceshare.core import ledger as ledgers
 
 from .storage import now_rfc3339
 
 
 def device_annotations(
-    devices: Mapping[str, Sequence[str]], env_names: envnames.EnvNames
+    devices: Mapping[str, Sequence[str]],
+    env_names: envnames.EnvNames,
+    share: Mapping[str, podannotations.ShareAmounts] | None = None,
+    tiles: Mapping[str, Sequence[str]] | None = None,
+    node_devices: Mapping[str, Sequence[str]] | None = None,
 ) -> dict[str, str]:
-    """The annotations a member pod carries: selected devices, and one value per visibility env var."""
-    selected = {r: ",".join(ids) for r, ids in sorted(devices.items())}
-    out = {names.POD_SELECTED_DEVICES_ANNOTATION: json.dumps(selected, separators=(",", ":"))}
-    per_env: dict[str, list[str]] = {}
-    for resource, ids in sorted(devices.items()):
-        for env in env_names.for_resource(resource):
-            per_env.setdefault(env, []).extend(ids)
-    for env, ids in per_env.items():
-        out[names.env_annotation(env)] = ",".join(ids)
-    return out
+    """The annotations a member pod carries; see :func:`deviceshare.api.podannotations.member_annotations`."""
+    return podannotations.member_annotations(devices, env_names, share, tiles, node_devices)
 
 
-def member_annotations(allocation: ledgers.Allocation, env_names: envnames.EnvNames) -> dict[str, str]:
-    """What every member of the group carries, for the scheduler's write and the reconciler's repair alike."""
-    return device_annotations(allocation.devices, env_names)
+def member_annotations(
+    allocation: ledgers.Allocation, env_names: envnames.EnvNames, node: inventory.NodeInfo | None
+) -> dict[str, str]:
+    """What every member of the group carries, for the scheduler's write and the reconciler's repair alike:
+    devices, and for a share its limits and tiles (tile ordinals count the node's inventory)."""
+    return device_annotations(
+        allocation.devices, env_names, allocation.share, allocation.tiles, node.devices if node else None
+    )
 
 
 def placement_status(allocation: ledgers.Allocation | None) -> dict[str, Any]:
