@@ -58,6 +58,8 @@ def devices_failure(
 
 
 def _share_failure(state: snapshots.NodeState, resource: str, count: int, share: capacity.Share) -> str | None:
+    if not state.info.devices.get(resource):  # a node without the device at all: not a question of memory
+        return reasons.insufficient(resource)
     memory_cap, tiles_cap = _caps(state, resource)
     if share.tiles and not tiles_cap:
         return reasons.no_declared(resource, "tiles")
