@@ -115,10 +115,8 @@ async def test_a_share_that_fits_nowhere_waits_with_a_capacity_reason_until_one_
     assert_invariant(cluster)
 
 
+@pytest.mark.parametrize("sandbox_options", [{"nodes": 2, "gpus": 2, "gpu_memory_mib": None}])
 async def test_nodes_without_declared_memory_say_so(kube: Kube, cluster: Sandbox) -> None:
-    for node in ("gpu-node-0", "gpu-node-1"):
-        await kube.patch_node(node, {"metadata": {"labels": {names.NVIDIA_GPU_MEMORY_LABEL: None}}})
-    await asyncio.sleep(0.2)  # the operator sees the nodes change
     await share_group(kube, "ml", "needs-memory", {"memory": "1Gi"})
     message = await pending_message(kube, "ml", "needs-memory")
     assert "2 no declared device memory for nvidia.com/gpu" in message
