@@ -44,11 +44,11 @@ class NodeState:
 
 def dimension(share: capacity.Share) -> str:
     """The index a share is placed by (see :func:`capacity.key`)."""
-    return TILES if share.tiles else MEMORY if share.memory_bytes else COMPUTE
+    return TILES if share.tiles else COMPUTE if share.compute_milli else MEMORY
 
 
 def need(share: capacity.Share) -> int:
-    return share.tiles or share.memory_bytes or share.compute_milli
+    return share.tiles or share.compute_milli or share.memory_bytes
 
 
 def _sorted_keys(cache: dict[Any, tuple[int, ...]], key: Any, buckets: Mapping[int, Any]) -> tuple[int, ...]:
