@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from deviceshare.api import names
+from deviceshare.core import ledger as ledgers
 
 from . import state as state_
 from . import statuses, storage
@@ -107,7 +108,7 @@ class GroupReconciler:
                 released = await self._release_lost(group, node_lost)
                 allocation = None
             else:
-                await self._restore_pod_annotations(gkey, allocation.devices, on_devices)
+                await self._restore_pod_annotations(gkey, allocation, on_devices)
 
         await self._write_status(group, node_lost=node_lost if allocation is not None else None)
         return released
@@ -158,7 +159,8 @@ class GroupReconciler:
         )
         body = await self.ctx.api.patch_group_status(
             group.key,
-            {"phase": names.PHASE_PENDING, "nodeName": None, "allocatedDevices": None, "conditions": conditions},
+            {"phase": names.PHASE_PENDING, "nodeName": None, **statuses.allocated_fields(None),
+             "conditions": conditions},
         )
         self.ctx.state.upsert_group(state_.group_record(body))
         self.ctx.ledger.release(group.key)
@@ -166,9 +168,11 @@ class GroupReconciler:
         return True
 
     async def _restore_pod_annotations(
-        self, gkey: state_.GroupKey, devices: Any, members: list[state_.PodRecord]
+        self, gkey: state_.GroupKey, allocation: ledgers.Allocation, members: list[state_.PodRecord]
     ) -> None:
-        want = statuses.device_annotations(devices, self.ctx.config.env_names)
+        want = statuses.allocation_annotations(
+            allocation, self.ctx.config.env_names, self.ctx.ledger.node(allocation.node)
+        )
         want_env = {
             k[len(names.POD_ENV_ANNOTATION_PREFIX):]: v
             for k, v in want.items() if k.startswith(names.POD_ENV_ANNOTATION_PREFIX)
@@ -260,9 +264,7 @@ class GroupReconciler:
         desired: dict[str, Any] = {
             "phase": phase,
             "nodeName": allocation.node if allocation else None,
-            "allocatedDevices": (
-                {r: list(ids) for r, ids in sorted(allocation.devices.items())} if allocation else None
-            ),
+            **statuses.allocated_fields(allocation),
             "members": [p.name for p in live],
             "memberCount": len(live),
             "observedGeneration": gen,
@@ -273,6 +275,7 @@ class GroupReconciler:
             current.phase == desired["phase"]
             and current.node_name == desired["nodeName"]
             and (current.allocated_devices or None) == desired["allocatedDevices"]
+            and (current.allocated_tiles or None) == desired["allocatedTiles"]
             and current.members == desired["members"]
             and current.member_count == desired["memberCount"]
             and current.observed_generation == gen

@@ -169,7 +169,8 @@ class PodScheduler:
             if problem is not None:
                 return Outcome(Result.UNSCHEDULABLE, f"group is on node {allocation.node}: {problem.message()}")
 
-        annotations = statuses.device_annotations(allocation.devices, ctx.config.env_names)
+        node = ctx.ledger.node(allocation.node)
+        annotations = statuses.allocation_annotations(allocation, ctx.config.env_names, node)
         try:
             await ctx.api.annotate_pod(pod.key, pod.uid, annotations)
             await ctx.api.bind_pod(pod.key, pod.uid, allocation.node)
@@ -209,7 +210,7 @@ class PodScheduler:
                 "members": members,
                 "memberCount": len(members),
                 "nodeName": allocation.node,
-                "allocatedDevices": {r: list(ids) for r, ids in sorted(allocation.devices.items())},
+                **statuses.allocated_fields(allocation),
                 "observedGeneration": current.generation,
                 "conditions": statuses.condition(
                     statuses.wire_conditions(current.status.conditions), names.CONDITION_SCHEDULED, "True", "Bound",
@@ -235,7 +236,7 @@ class PodScheduler:
         status = {
             "phase": names.PHASE_PENDING,
             "nodeName": None,
-            "allocatedDevices": None,
+            **statuses.allocated_fields(None),
             "conditions": statuses.condition(
                 statuses.wire_conditions(group.status.conditions) if group else [],
                 names.CONDITION_SCHEDULED, "False", "RolledBack", why,

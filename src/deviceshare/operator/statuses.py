@@ -6,6 +6,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from deviceshare.api import envnames, models, podannotations
+from deviceshare.core import inventory
+from deviceshare.core import ledger as ledgers
 
 from .storage import now_rfc3339
 
@@ -19,6 +21,25 @@ def device_annotations(
 ) -> dict[str, str]:
     """The annotations a member pod carries; see :func:`deviceshare.api.podannotations.member_annotations`."""
     return podannotations.member_annotations(devices, env_names, share, tiles, node_devices)
+
+
+def allocation_annotations(
+    allocation: ledgers.Allocation, env_names: envnames.EnvNames, node: inventory.NodeInfo | None
+) -> dict[str, str]:
+    """A member's annotations for its group's allocation, shares and tiles included (CONTRACT §7)."""
+    return podannotations.member_annotations(
+        allocation.devices, env_names, allocation.share, allocation.tiles, node.devices if node else None
+    )
+
+
+def allocated_fields(allocation: ledgers.Allocation | None) -> dict[str, Any]:
+    """``allocatedDevices`` and ``allocatedTiles`` of a group's status (None removes them)."""
+    if allocation is None:
+        return {"allocatedDevices": None, "allocatedTiles": None}
+    return {
+        "allocatedDevices": {r: list(ids) for r, ids in sorted(allocation.devices.items())},
+        "allocatedTiles": {r: list(ids) for r, ids in sorted(allocation.tiles.items())} or None,
+    }
 
 
 def describe_devices(devices: Mapping[str, Sequence[str]]) -> str:

@@ -1,0 +1,60 @@
+"""Sharing groups through the operator, seen only through the API (CONTRACT §7)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+
+from tests.operator.kube import Kube, scheduled_condition, selected
+from tests.operator.test_scheduling import env_values, status
+
+pytestmark = pytest.mark.usefixtures("operator")
+
+GPU = "nvidia.com/gpu"
+
+
+@pytest.fixture
+def sandbox_options() -> dict[str, object]:
+    return {"nodes": 2, "gpus": 2}
+
+
+async def declare_memory(kube: Kube, node: str, memory: str) -> None:
+    await kube.patch_node(node, {"metadata": {"annotations": {
+        "deviceshare.io/device-memory": json.dumps({GPU: memory})}}})
+
+
+async def test_three_inference_groups_share_one_gpu_by_memory(kube: Kube) -> None:
+    await declare_memory(kube, "gpu-node-0", "80Gi")
+    await declare_memory(kube, "gpu-node-1", "80Gi")
+    await asyncio.sleep(0.3)  # the node watch carries the annotation to the ledger
+    share = {GPU: {"compute": "250m", "memory": "20Gi"}}
+    for i in range(3):
+        await kube.create_group("serving", f"infer-{i}", {GPU: 1}, share=share)
+        await kube.create_pod("serving", f"infer-{i}-0", f"infer-{i}")
+    pods = [await kube.wait_bound("serving", f"infer-{i}-0") for i in range(3)]
+    places = {(p["spec"]["nodeName"], selected(p)[GPU][0]) for p in pods}
+    assert len(places) == 1  # binpack: one device, three groups
+    device = selected(pods[0])[GPU][0]
+    assert all(env_values(p) == {
+        "NVIDIA_VISIBLE_DEVICES": device,
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25",
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=20480M",
+    } for p in pods)
+    group = await kube.group("serving", "infer-0")
+    assert group is not None and status(group)["allocatedDevices"] == {GPU: [device]}
+
+
+async def test_a_group_that_asks_for_undeclared_memory_stays_pending_and_says_why(kube: Kube) -> None:
+    await kube.create_group("lab", "notebook", {GPU: 1}, share={GPU: {"memory": "8Gi"}})
+    await kube.create_pod("lab", "nb-0", "notebook")
+
+    async def refused() -> dict[str, Any] | None:
+        pod = await kube.pod("lab", "nb-0")
+        cond = scheduled_condition(pod) if pod else None
+        return cond if cond and cond["status"] == "False" else None
+
+    cond = await kube.wait_for(refused, "nb-0 to be marked unschedulable")
+    assert cond["message"] == "0/2 nodes are available: 2 no declared device memory for nvidia.com/gpu."
