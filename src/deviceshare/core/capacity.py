@@ -165,13 +165,14 @@ def fits(left: DeviceLeft, share: Share) -> bool:
 def key(left: DeviceLeft, share: Share) -> int:
     """The amount a share is measured in on this device: what tightest-fit and the index sort by.
 
-    Tiles for tile shares, memory when the share asks for memory (usually the scarcer), else compute.
+    Tiles for tile shares, compute when the share asks for compute, else memory. One dimension
+    only, so an index can be walked in its order; the other dimension is checked device by device.
     """
     if share.tiles:
         return len(left.free_tiles)
-    if share.memory_bytes:
-        return left.memory_bytes if left.memory_bytes is not None else -1
-    return left.compute_milli
+    if share.compute_milli:
+        return left.compute_milli
+    return left.memory_bytes if left.memory_bytes is not None else -1
 
 
 def shortfall(

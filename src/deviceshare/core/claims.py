@@ -185,3 +185,29 @@ def as_allocation(claim: Claim, info: inventory.NodeInfo | None, problems: list[
                 problems.append(f"{claim.source} claims {resource} {unknown} that node {claim.node} "
                                 "does not offer (kept held)")
     return Allocation(claim.group, claim.node, devices, AllocationState.COMMITTED, share, tiles)
+
+
+def conflicts(
+    held: Mapping[tuple[str, str, str], tuple[GroupKey, ...]],
+    uses: Mapping[tuple[str, str, str], capacity.DeviceUse],
+    info: Mapping[str, inventory.NodeInfo],
+) -> tuple[ClaimConflict, ...]:
+    """Devices held against the rules: held whole twice, used whole and in parts, over capacity."""
+    out = []
+    for key in sorted(set(held) | set(uses)):
+        whole = held.get(key, ())
+        use = uses.get(key)
+        if use is None:
+            if len(whole) > 1:
+                out.append(ClaimConflict(*key, tuple(sorted(whole))))
+            continue
+        node = info.get(key[0])
+        if node is None:  # problems() reports the unknown node; only the kinds can be judged
+            problem = "used both whole and in parts" if whole or use.kind is None else None
+        else:
+            problem = capacity.overcommit(
+                use, node.device_memory.get(key[1]), node.device_tiles.get(key[1], 0), bool(whole)
+            )
+        if problem:
+            out.append(ClaimConflict(*key, tuple(sorted({*whole, *use.groups})), problem))
+    return tuple(out)

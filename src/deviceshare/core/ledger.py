@@ -50,10 +50,7 @@ class DeviceLedger:
         self._allocs: dict[GroupKey, Allocation] = {}
         self._pods: dict[PodKey, tuple[str, int, int]] = {}
         self._used: dict[str, tuple[int, int]] = {}
-        self._index: dict[str, dict[int, tuple[str, ...]]] = {}
-        self._indexed: dict[str, dict[str, int]] = {}  # node -> resource -> count it is filed under
-        self._parts: dict[snapshots.PartKey, dict[int, tuple[snapshots.Entry, ...]]] = {}
-        self._filed_parts: dict[str, frozenset[tuple[str, str, int, str]]] = {}
+        self._indexes = snapshots.Indexes()
         self._snapshot: LedgerSnapshot | None = None
 
     @property
@@ -308,8 +305,8 @@ class DeviceLedger:
                 snap = LedgerSnapshot(
                     revision=self._revision,
                     nodes=NodeStates(tuple(self._shards)),
-                    index={r: dict(b) for r, b in self._index.items()},
-                    parts={k: dict(b) for k, b in self._parts.items()},
+                    index=self._indexes.free_copy(),
+                    parts=self._indexes.parts_copy(),
                 )
                 self._snapshot = snap
                 self._shared = [True] * _SHARDS
@@ -318,24 +315,7 @@ class DeviceLedger:
     # --- internals ------------------------------------------------------------------------------
 
     def _conflicts(self) -> tuple[ClaimConflict, ...]:
-        out = []
-        for key in sorted(set(self._held) | set(self._uses)):
-            whole = self._held.get(key, ())
-            use = self._uses.get(key)
-            if use is None:
-                if len(whole) > 1:
-                    out.append(ClaimConflict(*key, tuple(sorted(whole))))
-                continue
-            info = self._info.get(key[0])
-            if info is None:  # problems() reports the unknown node; only the kinds can be judged
-                problem = "used both whole and in parts" if whole or use.kind is None else None
-            else:
-                problem = capacity.overcommit(
-                    use, info.device_memory.get(key[1]), info.device_tiles.get(key[1], 0), bool(whole)
-                )
-            if problem:
-                out.append(ClaimConflict(*key, tuple(sorted({*whole, *use.groups})), problem))
-        return tuple(out)
+        return claims.conflicts(self._held, self._uses, self._info)
 
     def _hold(self, allocation: Allocation) -> None:
         self._allocs[allocation.group] = allocation
@@ -361,8 +341,7 @@ class DeviceLedger:
             self._shared[i] = False
         if info is None:
             self._shards[i].pop(name, None)
-            self._file(name, {})
-            self._file_parts(name, frozenset())
+            self._indexes.file(name, {}, frozenset())
             return
         held, uses = self._held, self._uses
         free: dict[str, tuple[str, ...]] = {}
@@ -391,38 +370,7 @@ class DeviceLedger:
         cpu, memory = self._used.get(name, (0, 0))
         self._shards[i][name] = NodeState(info, free, cpu, memory, partial)
         is_open = info.shared and info.ready and not info.unschedulable and not info.problems
-        self._file(name, {r: len(ids) for r, ids in free.items() if ids} if is_open else {})
-        self._file_parts(name, snapshots.part_entries(partial) if is_open else frozenset())
-
-    def _file(self, name: str, counts: dict[str, int]) -> None:
-        previous = self._indexed.get(name, {})
-        if previous == counts:
-            return
-        for resource, count in previous.items():
-            if counts.get(resource) != count:
-                snapshots.bucket_remove(self._index[resource], count, name)
-                if not self._index[resource]:
-                    del self._index[resource]
-        for resource, count in counts.items():
-            if previous.get(resource) != count:
-                snapshots.bucket_add(self._index.setdefault(resource, {}), count, name)
-        if counts:
-            self._indexed[name] = counts
+        if is_open:
+            self._indexes.file(name, {r: len(ids) for r, ids in free.items() if ids}, snapshots.part_entries(partial))
         else:
-            self._indexed.pop(name, None)
-
-    def _file_parts(self, name: str, entries: frozenset[tuple[str, str, int, str]]) -> None:
-        previous = self._filed_parts.get(name, frozenset())
-        if previous == entries:
-            return
-        for resource, dim, left, device in previous - entries:
-            buckets = self._parts[(resource, dim)]
-            snapshots.bucket_remove(buckets, left, (name, device))
-            if not buckets:
-                del self._parts[(resource, dim)]
-        for resource, dim, left, device in entries - previous:
-            snapshots.bucket_add(self._parts.setdefault((resource, dim), {}), left, (name, device))
-        if entries:
-            self._filed_parts[name] = entries
-        else:
-            self._filed_parts.pop(name, None)
+            self._indexes.file(name, {}, frozenset())

@@ -105,7 +105,11 @@ def _failure(
 
 def _fits(state: ledgers.NodeState, request: GroupRequest, pod: inventory.PodDemand) -> bool:
     if request.share:
-        return _failure(state, request, pod) is None
+        # the cheap filters first, with the shared resources left out of the device count
+        whole = {r: n for r, n in request.resources.items() if r not in request.share}
+        return filters.passes(
+            state.info, state.free, state.cpu_used, state.memory_used, whole, request.node_selector, pod
+        ) and shareplacement.devices_failure(state, request.resources, request.share) is None
     return filters.passes(
         state.info, state.free, state.cpu_used, state.memory_used,
         request.resources, request.node_selector, pod,

@@ -1,7 +1,7 @@
 """Placement of a *sharing* group: which node, which devices on it, which tiles (CONTRACT §7).
 
 The group's first shared resource (by name) leads: its share is measured in one dimension
-(tiles, else memory when asked, else compute, see :func:`snapshots.dimension`), and nodes are
+(tiles, else compute when asked, else memory, see :func:`snapshots.dimension`), and nodes are
 walked in that dimension's order through the ledger's indexes, never by scanning the cluster:
 
 - ``binpack`` first walks partly used devices from the tightest that still fits upwards (a share

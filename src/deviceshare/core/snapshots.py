@@ -44,11 +44,11 @@ class NodeState:
 
 def dimension(share: capacity.Share) -> str:
     """The index a share is placed by (see :func:`capacity.key`)."""
-    return TILES if share.tiles else MEMORY if share.memory_bytes else COMPUTE
+    return TILES if share.tiles else COMPUTE if share.compute_milli else MEMORY
 
 
 def need(share: capacity.Share) -> int:
-    return share.tiles or share.memory_bytes or share.compute_milli
+    return share.tiles or share.compute_milli or share.memory_bytes
 
 
 def _sorted_keys(cache: dict[Any, tuple[int, ...]], key: Any, buckets: Mapping[int, Any]) -> tuple[int, ...]:
@@ -169,3 +169,50 @@ def part_entries(partial: Mapping[str, tuple[capacity.DeviceLeft, ...]]) -> froz
             if left.memory_bytes is not None and left.memory_bytes > 0:
                 out.append((resource, MEMORY, left.memory_bytes, left.device))
     return frozenset(out)
+
+
+class Indexes:
+    """The ledger's two free-capacity indexes (see the module docstring), refiled one node at a time."""
+
+    def __init__(self) -> None:
+        self._free: dict[str, dict[int, tuple[str, ...]]] = {}
+        self._counts: dict[str, dict[str, int]] = {}  # node -> resource -> count it is filed under
+        self._parts: dict[PartKey, dict[int, tuple[Entry, ...]]] = {}
+        self._entries: dict[str, frozenset[tuple[str, str, int, str]]] = {}
+
+    def free_copy(self) -> dict[str, dict[int, tuple[str, ...]]]:
+        return {r: dict(b) for r, b in self._free.items()}
+
+    def parts_copy(self) -> dict[PartKey, dict[int, tuple[Entry, ...]]]:
+        return {k: dict(b) for k, b in self._parts.items()}
+
+    def file(self, name: str, counts: dict[str, int], entries: frozenset[tuple[str, str, int, str]]) -> None:
+        """File node ``name`` under its free device counts and its partly used devices (empty: unfile)."""
+        previous = self._counts.get(name, {})
+        if previous != counts:
+            for resource, count in previous.items():
+                if counts.get(resource) != count:
+                    bucket_remove(self._free[resource], count, name)
+                    if not self._free[resource]:
+                        del self._free[resource]
+            for resource, count in counts.items():
+                if previous.get(resource) != count:
+                    bucket_add(self._free.setdefault(resource, {}), count, name)
+            if counts:
+                self._counts[name] = counts
+            else:
+                self._counts.pop(name, None)
+        before = self._entries.get(name, frozenset())
+        if before == entries:
+            return
+        for resource, dim, left, device in before - entries:
+            buckets = self._parts[(resource, dim)]
+            bucket_remove(buckets, left, (name, device))
+            if not buckets:
+                del self._parts[(resource, dim)]
+        for resource, dim, left, device in entries - before:
+            bucket_add(self._parts.setdefault((resource, dim), {}), left, (name, device))
+        if entries:
+            self._entries[name] = entries
+        else:
+            self._entries.pop(name, None)

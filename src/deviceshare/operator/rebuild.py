@@ -2,9 +2,7 @@
 
 A group's status is the primary record (it is written before any pod learns its devices); member pods'
 ``selected-devices`` annotations are a second witness. Both become claims; the ledger decides what
-conflicts, and reports rather than picks. A sharing group's claim carries its share, read back from its
-spec (immutable once Bound), and its tiles from its status, so the rebuilt ledger counts the capacity
-it holds and can tell an over-committed device (CONTRACT §7).
+conflicts, and reports rather than picks.
 """
 
 from __future__ import annotations
@@ -22,10 +20,10 @@ def claims(
     groups: Iterable[state_.GroupRecord], pods: Iterable[state_.PodRecord]
 ) -> list[ledgers.Claim]:
     out: list[ledgers.Claim] = []
-    shares: dict[state_.GroupKey, dict[str, capacity.Share]] = {}
+    groups = list(groups)
+    # A sharing group's share is read back from its spec (immutable once Bound, CEL-enforced).
+    shares = {g.key: capacity.shares_from_spec(g.spec.share) for g in groups if g.spec is not None and g.spec.share}
     for g in groups:
-        share = capacity.shares_from_spec(g.spec.share) if g.spec is not None else {}
-        shares[g.key] = share
         st = g.status
         if st.phase in (names.PHASE_BOUND, names.PHASE_RELEASING) and st.node_name and st.allocated_devices:
             out.append(
@@ -34,7 +32,7 @@ def claims(
                     node=st.node_name,
                     devices={r: tuple(ids) for r, ids in st.allocated_devices.items()},
                     source=f"status of {g.key[0]}/{g.key[1]}",
-                    share=share,
+                    share=shares.get(g.key, {}),
                     tiles={r: tuple(ids) for r, ids in st.allocated_tiles.items()},
                 )
             )

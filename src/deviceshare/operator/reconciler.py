@@ -159,7 +159,8 @@ class GroupReconciler:
         )
         body = await self.ctx.api.patch_group_status(
             group.key,
-            {"phase": names.PHASE_PENDING, **statuses.placement_status(None), "conditions": conditions},
+            {"phase": names.PHASE_PENDING, "nodeName": None, **statuses.allocated_fields(None),
+             "conditions": conditions},
         )
         self.ctx.state.upsert_group(state_.group_record(body))
         self.ctx.ledger.release(group.key)
@@ -169,7 +170,7 @@ class GroupReconciler:
     async def _restore_pod_annotations(
         self, gkey: state_.GroupKey, allocation: ledgers.Allocation, members: list[state_.PodRecord]
     ) -> None:
-        want = statuses.member_annotations(
+        want = statuses.allocation_annotations(
             allocation, self.ctx.config.env_names, self.ctx.ledger.node(allocation.node)
         )
         want_env = {
@@ -262,7 +263,8 @@ class GroupReconciler:
 
         desired: dict[str, Any] = {
             "phase": phase,
-            **statuses.placement_status(allocation),
+            "nodeName": allocation.node if allocation else None,
+            **statuses.allocated_fields(allocation),
             "members": [p.name for p in live],
             "memberCount": len(live),
             "observedGeneration": gen,
@@ -271,7 +273,9 @@ class GroupReconciler:
         current = group.status
         unchanged = (
             current.phase == desired["phase"]
-            and statuses.same_placement(current, desired)
+            and current.node_name == desired["nodeName"]
+            and (current.allocated_devices or None) == desired["allocatedDevices"]
+            and (current.allocated_tiles or None) == desired["allocatedTiles"]
             and current.members == desired["members"]
             and current.member_count == desired["memberCount"]
             and current.observed_generation == gen

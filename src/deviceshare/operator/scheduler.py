@@ -169,7 +169,8 @@ class PodScheduler:
             if problem is not None:
                 return Outcome(Result.UNSCHEDULABLE, f"group is on node {allocation.node}: {problem.message()}")
 
-        annotations = statuses.member_annotations(allocation, ctx.config.env_names, ctx.ledger.node(allocation.node))
+        node = ctx.ledger.node(allocation.node)
+        annotations = statuses.allocation_annotations(allocation, ctx.config.env_names, node)
         try:
             await ctx.api.annotate_pod(pod.key, pod.uid, annotations)
             await ctx.api.bind_pod(pod.key, pod.uid, allocation.node)
@@ -208,7 +209,8 @@ class PodScheduler:
                 "phase": names.PHASE_BOUND,
                 "members": members,
                 "memberCount": len(members),
-                **statuses.placement_status(allocation),
+                "nodeName": allocation.node,
+                **statuses.allocated_fields(allocation),
                 "observedGeneration": current.generation,
                 "conditions": statuses.condition(
                     statuses.wire_conditions(current.status.conditions), names.CONDITION_SCHEDULED, "True", "Bound",
@@ -233,7 +235,8 @@ class PodScheduler:
         group = self.ctx.state.groups.get(gkey)
         status = {
             "phase": names.PHASE_PENDING,
-            **statuses.placement_status(None),
+            "nodeName": None,
+            **statuses.allocated_fields(None),
             "conditions": statuses.condition(
                 statuses.wire_conditions(group.status.conditions) if group else [],
                 names.CONDITION_SCHEDULED, "False", "RolledBack", why,

@@ -23,38 +23,23 @@ def device_annotations(
     return podannotations.member_annotations(devices, env_names, share, tiles, node_devices)
 
 
-def member_annotations(
+def allocation_annotations(
     allocation: ledgers.Allocation, env_names: envnames.EnvNames, node: inventory.NodeInfo | None
 ) -> dict[str, str]:
-    """What every member of the group carries, for the scheduler's write and the reconciler's repair alike:
-    devices, and for a share its limits and tiles (tile ordinals count the node's inventory)."""
-    return device_annotations(
+    """A member's annotations for its group's allocation, shares and tiles included (CONTRACT §7)."""
+    return podannotations.member_annotations(
         allocation.devices, env_names, allocation.share, allocation.tiles, node.devices if node else None
     )
 
 
-def placement_status(allocation: ledgers.Allocation | None) -> dict[str, Any]:
-    """The status fields that say where a group is placed; all None (a merge patch clears them) when it is not.
-
-    ``allocatedTiles`` only for a group holding tiles (CONTRACT §7), so a whole-device group's status
-    reads exactly as before sharing existed.
-    """
+def allocated_fields(allocation: ledgers.Allocation | None) -> dict[str, Any]:
+    """``allocatedDevices`` and ``allocatedTiles`` of a group's status (None removes them)."""
     if allocation is None:
-        return {"nodeName": None, "allocatedDevices": None, "allocatedTiles": None}
+        return {"allocatedDevices": None, "allocatedTiles": None}
     return {
-        "nodeName": allocation.node,
         "allocatedDevices": {r: list(ids) for r, ids in sorted(allocation.devices.items())},
         "allocatedTiles": {r: list(ids) for r, ids in sorted(allocation.tiles.items())} or None,
     }
-
-
-def same_placement(status: models.GroupStatus, desired: Mapping[str, Any]) -> bool:
-    """Does the group's status already say what :func:`placement_status` would write?"""
-    return bool(
-        status.node_name == desired["nodeName"]
-        and (status.allocated_devices or None) == desired["allocatedDevices"]
-        and (status.allocated_tiles or None) == desired["allocatedTiles"]
-    )
 
 
 def describe_devices(devices: Mapping[str, Sequence[str]]) -> str:
