@@ -58,3 +58,47 @@ async def test_a_group_that_asks_for_undeclared_memory_stays_pending_and_says_wh
 
     cond = await kube.wait_for(refused, "nb-0 to be marked unschedulable")
     assert cond["message"] == "0/2 nodes are available: 2 no declared device memory for nvidia.com/gpu."
+
+
+async def test_two_groups_on_the_tiles_of_one_card(kube: Kube) -> None:
+    # gpu-node-0 exposes its two GPUs as cards with two tiles each (as Intel's feature discovery would)
+    await kube.patch_node("gpu-node-0", {"metadata": {"annotations": {
+        "deviceshare.io/device-tiles": json.dumps({GPU: 2})}}})
+    await asyncio.sleep(0.3)
+    for name in ("tile-a", "tile-b"):
+        await kube.create_group("hpc", name, {GPU: 1}, share={GPU: {"tiles": 1}})
+        await kube.create_pod("hpc", f"{name}-0", name)
+    pods = [await kube.wait_bound("hpc", f"{n}-0") for n in ("tile-a", "tile-b")]
+    assert {p["spec"]["nodeName"] for p in pods} == {"gpu-node-0"}
+    groups = [await kube.group("hpc", n) for n in ("tile-a", "tile-b")]
+    tiles = sorted(t for g in groups if g for t in status(g)["allocatedTiles"][GPU])
+    assert tiles == ["0.0", "0.1"]  # binpack: both tiles of card 0, one group each
+    masks = sorted(env_values(p)["NVIDIA_VISIBLE_DEVICES"] for p in pods)
+    assert masks == ["0", "0"]
+    assert sorted(env_values(p)["ZE_AFFINITY_MASK"] for p in pods) == ["0.0", "0.1"]
+
+
+async def test_a_released_share_is_given_to_the_next_group(kube: Kube) -> None:
+    await declare_memory(kube, "gpu-node-0", "10Gi")
+    await declare_memory(kube, "gpu-node-1", "10Gi")
+    await asyncio.sleep(0.3)
+    big = {GPU: {"memory": "10Gi"}}
+    for i in range(4):  # four devices of 10Gi: four groups fit, the fifth waits
+        await kube.create_group("ml", f"g{i}", {GPU: 1}, share=big)
+        await kube.create_pod("ml", f"p{i}", f"g{i}")
+    for i in range(4):
+        await kube.wait_bound("ml", f"p{i}")
+    await kube.create_group("ml", "late", {GPU: 1}, share={GPU: {"memory": "6Gi"}})
+    await kube.create_pod("ml", "late-0", "late")
+
+    async def refused() -> dict[str, Any] | None:
+        pod = await kube.pod("ml", "late-0")
+        cond = scheduled_condition(pod) if pod else None
+        return cond if cond and cond["status"] == "False" else None
+
+    cond = await kube.wait_for(refused, "late-0 to be marked unschedulable")
+    assert cond["message"] == "0/2 nodes are available: 2 insufficient nvidia.com/gpu memory."
+    await kube.delete_pod("ml", "p0")
+    await kube.delete_group("ml", "g0")
+    pod = await kube.wait_bound("ml", "late-0", timeout=15)
+    assert env_values(pod)["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=6144M"
