@@ -4,7 +4,10 @@ The operator keeps its ledger in memory, so the truth a user can see lives in th
 ``status.nodeName`` / ``status.allocatedDevices`` / ``status.members``, and each node's inventory as
 :func:`deviceshare.core.inventory.node_from_object` reads it (the same parser the operator uses, so
 device IDs match). :func:`device_map` rebuilds the per-device holdings from those; ``explain`` reuses
-it for its "free devices per node" hint. Two groups claiming one device are shown as CONFLICT.
+it for its "free devices per node" hint. Sharing groups (``spec.share``) are shown with their share
+and what the device has left; a device held against the rules of CONTRACT §7 (two whole holders,
+whole and shared at once, shares over its capacity) is shown as CONFLICT, judged by the same rules
+as the operator's ledger (:mod:`deviceshare.core.capacity`).
 """
 
 from __future__ import annotations
@@ -19,8 +22,8 @@ from typing import Any, TextIO
 
 from kubernetes_asyncio import client as k8s
 
-from deviceshare.api import names
-from deviceshare.core import inventory
+from deviceshare.api import models, names, quantities
+from deviceshare.core import capacity, claims, inventory
 from deviceshare.kube import connecting, rest
 
 FREE = "-"
@@ -36,10 +39,15 @@ class Holder:
     name: str
     phase: str
     members: tuple[str, ...]
+    share: str = ""  # "compute=250m,memory=20Gi" or "tiles=0.1" for a sharing group; "" holds it whole
 
     @property
     def ref(self) -> str:
         return f"{self.namespace}/{self.name}"
+
+    @property
+    def shown(self) -> str:
+        return f"{self.ref}({self.share})" if self.share else self.ref
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,10 +55,12 @@ class Device:
     id: str
     holders: tuple[Holder, ...]
     in_inventory: bool = True
+    problem: str = ""  # why the holding breaks the rules; "" when it does not
+    left: str = ""  # what a device in partial use still offers, e.g. "compute 500m, memory 40Gi"
 
     @property
     def conflict(self) -> bool:
-        return len(self.holders) > 1
+        return bool(self.problem)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,29 +109,42 @@ def device_map(nodes: Sequence[Mapping[str, Any]], groups: Sequence[Mapping[str,
     Shown: nodes in shared mode, plus any node a group's status points at (even a missing one,
     so a group stranded on a deleted node is visible). Sorted by node name.
     """
-    claims: dict[str, dict[str, dict[str, list[Holder]]]] = {}  # node -> resource -> id -> holders
+    held: dict[str, dict[str, dict[str, list[_Claimed]]]] = {}  # node -> resource -> id -> holders
     for group in sorted(groups, key=lambda g: (_holder(g).namespace, _holder(g).name)):
         status = group.get("status") or {}
         node = status.get("nodeName")
         if not node:
             continue
         holder = _holder(group)
+        shares = _shares(group)
+        tiles = status.get("allocatedTiles") or {}
         for resource, ids in (status.get("allocatedDevices") or {}).items():
+            share = shares.get(resource)
+            try:
+                by_device = capacity.parse_tile_ids([str(t) for t in tiles.get(resource) or []])
+            except ValueError:
+                by_device = {}
             for device_id in ids or []:
-                claims.setdefault(str(node), {}).setdefault(resource, {}).setdefault(str(device_id), []).append(holder)
+                mine = by_device.get(str(device_id), ())
+                shown = dataclasses.replace(holder, share=_describe(share, str(device_id), mine))
+                held.setdefault(str(node), {}).setdefault(resource, {}).setdefault(str(device_id), []).append(
+                    _Claimed(shown, share, mine)
+                )
 
     infos = {info.name: info for info in (inventory.node_from_object(n) for n in nodes)}
     out: list[NodeDevices] = []
-    for name in sorted({n for n, i in infos.items() if i.shared} | set(claims)):
+    for name in sorted({n for n, i in infos.items() if i.shared} | set(held)):
         info = infos.get(name)
         offered = dict(info.devices) if info is not None else {}
-        claimed = claims.get(name, {})
+        claimed = held.get(name, {})
         resources: dict[str, tuple[Device, ...]] = {}
         for resource in sorted(set(offered) | set(claimed)):
             ids = offered.get(resource, ())
             by_id = claimed.get(resource, {})
-            devices = [Device(i, tuple(by_id.get(i, ()))) for i in ids]
-            devices += [Device(i, tuple(h), in_inventory=False) for i, h in sorted(by_id.items()) if i not in ids]
+            memory = info.device_memory.get(resource) if info is not None else None
+            tile_count = info.device_tiles.get(resource, 0) if info is not None else 0
+            devices = [_device(i, by_id.get(i, []), True, memory, tile_count) for i in ids]
+            devices += [_device(i, h, False, memory, tile_count) for i, h in sorted(by_id.items()) if i not in ids]
             resources[resource] = tuple(devices)
         out.append(NodeDevices(
             name=name,
@@ -132,6 +155,53 @@ def device_map(nodes: Sequence[Mapping[str, Any]], groups: Sequence[Mapping[str,
             problems=tuple(info.problems) if info is not None else ("node not found",),
         ))
     return out
+
+
+@dataclasses.dataclass(frozen=True)
+class _Claimed:
+    holder: Holder
+    share: capacity.Share | None
+    tiles: tuple[int, ...]
+
+
+def _shares(group: Mapping[str, Any]) -> dict[str, capacity.Share]:
+    try:
+        spec = models.GroupSpec.model_validate(group.get("spec") or {})
+    except ValueError:
+        return {}  # an invalid spec: the operator places nothing for it; shown as whole
+    return capacity.shares_from_spec(spec.share)
+
+
+def _describe(share: capacity.Share | None, device: str, tiles: tuple[int, ...]) -> str:
+    if share is None:
+        return ""
+    if share.tiles:
+        return "tiles=" + ",".join(capacity.tile_ids(device, tiles))
+    return share.describe()
+
+
+def _device(
+    device: str, holders: Sequence[_Claimed], in_inventory: bool, memory: int | None, tiles: int
+) -> Device:
+    """One device, judged as the ledger judges it: who holds it, whether that is allowed, what is left."""
+    whole = [c for c in holders if c.share is None]
+    use: capacity.DeviceUse | None = None
+    for c in holders:
+        if c.share is not None:
+            use = capacity.with_part(use, capacity.Part((c.holder.namespace, c.holder.name), c.share, c.tiles))
+    problem, left = "", ""
+    if use is None:
+        problem = claims.HELD_TWICE if len(whole) > 1 else ""
+    else:
+        problem = capacity.overcommit(use, memory, tiles, bool(whole)) or ""
+        rest = None if problem else capacity.left_of(device, use, memory, tiles)
+        if rest is not None and rest.kind is capacity.Kind.TILES:
+            left = f"tiles {','.join(map(str, rest.free_tiles)) or 'none'}"
+        elif rest is not None:
+            left = f"compute {quantities.format_milli(rest.compute_milli)}" + (
+                "" if rest.memory_bytes is None else f", memory {quantities.format_bytes(rest.memory_bytes)}"
+            )
+    return Device(device, tuple(c.holder for c in holders), in_inventory, problem, left)
 
 
 # -- reading -----------------------------------------------------------------------------------
@@ -172,9 +242,11 @@ def to_json(nodes: Sequence[NodeDevices]) -> dict[str, Any]:
                                 "id": d.id,
                                 "inInventory": d.in_inventory,
                                 "conflict": d.conflict,
+                                **({"conflictReason": d.problem} if d.problem else {}),
+                                **({"left": d.left} if d.left else {}),
                                 "groups": [
                                     {"namespace": h.namespace, "name": h.name, "phase": h.phase,
-                                     "members": list(h.members)}
+                                     "members": list(h.members), **({"share": h.share} if h.share else {})}
                                     for h in d.holders
                                 ],
                             }
@@ -187,7 +259,8 @@ def to_json(nodes: Sequence[NodeDevices]) -> dict[str, Any]:
             for n in nodes
         ],
         "conflicts": [
-            {"node": n.name, "resource": r, "device": d.id, "groups": [h.ref for h in d.holders]}
+            {"node": n.name, "resource": r, "device": d.id, "groups": [h.ref for h in d.holders],
+             "reason": d.problem}
             for n in nodes for r, devices in n.resources.items() for d in devices if d.conflict
         ],
     }
@@ -208,10 +281,14 @@ def render_table(nodes: Sequence[NodeDevices], out: TextIO) -> None:
     for n in nodes:
         for resource, devices in n.resources.items():
             for d in devices:
-                notes = [CONFLICT] if d.conflict else []
+                notes = []
+                if d.conflict:  # the reason only where it is news: two whole holders is what CONFLICT says
+                    notes.append(CONFLICT if d.problem == claims.HELD_TWICE else f"{CONFLICT} ({d.problem})")
                 if not d.in_inventory:
                     notes.append(NOT_IN_INVENTORY)
-                group = ",".join(h.ref for h in d.holders) or FREE
+                if d.left:
+                    notes.append(f"left: {d.left}")
+                group = ",".join(h.shown for h in d.holders) or FREE
                 members = ";".join(",".join(h.members) or "(none)" for h in d.holders) or FREE
                 rows.append((n.name, resource, d.id, group, members, " ".join(notes)))
     print_table(rows, out)
