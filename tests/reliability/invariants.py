@@ -8,7 +8,10 @@ from ``status.allocatable``. The checker is written independently of ``devicesha
 there cannot hide itself here.
 
 For each node and resource:
-- no device ID is claimed by two different groups;
+- no device ID is claimed by two different groups, unless every one of them is a sharing group
+  (``spec.share`` for that resource, CONTRACT §7) of one kind: then compute/memory sharers sum to
+  at most 1 and to at most the device memory the node declares, and tile holders hold distinct
+  tiles within the node's tiles per device (``status.allocatedTiles``);
 - every claimed ID exists on the node, so the count claimed never exceeds capacity.
 ``half_bound`` is the quiescent-state check used after crashes: a bound member's devices and node
 agree with its group's status.
@@ -21,7 +24,7 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from deviceshare.api import names
+from deviceshare.api import models, names, quantities
 
 GroupKey = tuple[str, str]
 Slot = tuple[str, str]  # (node, resource)
@@ -116,9 +119,80 @@ def claims(snapshot: Snapshot) -> list[Claim]:
     return out
 
 
+def group_shares(snapshot: Snapshot) -> dict[GroupKey, dict[str, models.DeviceShare]]:
+    """resource -> share of every group whose spec parses (a group with an invalid spec holds whole)."""
+    out: dict[GroupKey, dict[str, models.DeviceShare]] = {}
+    for g in snapshot.groups:
+        meta = g.get("metadata") or {}
+        try:
+            spec = models.GroupSpec.model_validate(g.get("spec") or {})
+        except ValueError:
+            continue
+        out[(str(meta.get("namespace", "")), str(meta.get("name", "")))] = dict(spec.share)
+    return out
+
+
+def group_tiles(snapshot: Snapshot) -> dict[tuple[GroupKey, str], list[str]]:
+    """(group, resource) -> the "<device>.<tile>" its status holds."""
+    out: dict[tuple[GroupKey, str], list[str]] = {}
+    for g in snapshot.groups:
+        meta, st = g.get("metadata") or {}, g.get("status") or {}
+        key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
+        for resource, ids in (st.get("allocatedTiles") or {}).items():
+            out[(key, str(resource))] = [str(i) for i in ids or []]
+    return out
+
+
+def per_device(node: Mapping[str, Any], resource: str) -> tuple[int | None, int]:
+    """(memory bytes, tiles) per device the node declares for ``resource`` (annotation over label)."""
+    meta = node.get("metadata") or {}
+    labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
+    memory: int | None = None
+    tiles = 0
+    if resource == "nvidia.com/gpu" and str(labels.get("nvidia.com/gpu.memory", "")).isdigit():
+        memory = int(labels["nvidia.com/gpu.memory"]) * quantities.MIB
+    try:
+        declared = json.loads(annotations.get("deviceshare.io/device-memory") or "{}")
+        if resource in declared:
+            memory = quantities.parse_bytes(declared[resource])
+        tiles = int(json.loads(annotations.get("deviceshare.io/device-tiles") or "{}").get(resource, 0))
+    except (ValueError, AttributeError, TypeError):
+        pass
+    return memory, tiles
+
+
+def shared_breach(
+    groups: Mapping[GroupKey, str], resource: str, device: str, shares: Mapping[GroupKey, Mapping[str, Any]],
+    tiles: Mapping[tuple[GroupKey, str], list[str]], memory: int | None, tile_count: int,
+) -> str | None:
+    """Why several groups on one device break CONTRACT §7; None when they may share it."""
+    entries = [shares.get(g, {}).get(resource) for g in groups]
+    if any(e is None for e in entries):
+        return "a whole-device group among them"
+    kinds = {e.tiles is not None for e in entries}
+    if len(kinds) > 1:
+        return "compute/memory sharers and tile holders mixed"
+    if kinds == {True}:
+        held = [t for g in groups for t in tiles.get((g, resource), []) if t.rpartition(".")[0] == device]
+        if len(set(held)) != len(held):
+            return f"a tile held twice: {sorted(held)}"
+        if any(int(t.rpartition(".")[2]) >= tile_count for t in held):
+            return f"a tile beyond the device's {tile_count}: {sorted(held)}"
+        return None
+    compute = sum(e.compute_milli for e in entries)
+    used = sum(e.memory_bytes for e in entries)
+    if compute > 1000:
+        return f"compute {compute}m > 1"
+    if used and (memory is None or used > memory):
+        return f"memory {used} bytes > the device's {memory}"
+    return None
+
+
 def violations(snapshot: Snapshot) -> list[str]:
     """Every breach of the invariant, as readable lines; empty means none."""
     capacity = {str((n.get("metadata") or {}).get("name")): node_capacity(n) for n in snapshot.nodes}
+    raw_nodes = {str((n.get("metadata") or {}).get("name")): n for n in snapshot.nodes}
+    shares, tiles = group_shares(snapshot), group_tiles(snapshot)
     holders: dict[tuple[str, str, str], dict[GroupKey, str]] = {}
     found: list[str] = []
     for c in claims(snapshot):
@@ -126,7 +200,11 @@ def violations(snapshot: Snapshot) -> list[str]:
     per_slot: dict[Slot, set[str]] = {}
     for (node, resource, device), groups in sorted(holders.items()):
         if len(groups) > 1:
-            found.append(f"{node} {resource} device {device} held by {len(groups)} groups: {sorted(groups.values())}")
+            memory, tile_count = per_device(raw_nodes.get(node, {}), resource)
+            breach = shared_breach(groups, resource, device, shares, tiles, memory, tile_count)
+            if breach is not None:
+                found.append(f"{node} {resource} device {device} held by {len(groups)} groups "
+                             f"({breach}): {sorted(groups.values())}")
         offered = capacity.get(node, {}).get(resource)
         # A node that vanished is not a breach for claims of pods still shown on it; an unknown ID is.
         if node in capacity and (offered is None or device not in offered):
