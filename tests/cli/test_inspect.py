@@ -7,7 +7,6 @@ groups' statuses and the nodes' inventories read straight from the API.
 from __future__ import annotations
 
 import asyncio
-import io
 import json
 import os
 import subprocess
@@ -255,50 +254,3 @@ def test_the_plugin_entry_point_is_declared() -> None:
 
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     assert scripts["kubectl-deviceshare"] == scripts["deviceshare"] == "deviceshare.cli:main"
-
-
-def _group(name: str, devices: list[str], share: dict[str, Any] | None = None,
-           tiles: list[str] | None = None) -> dict[str, Any]:
-    spec: dict[str, Any] = {"resources": {GPU: len(devices)}}
-    if share:
-        spec["share"] = {GPU: share}
-    status: dict[str, Any] = {"phase": "Bound", "nodeName": "n1", "allocatedDevices": {GPU: devices},
-                              "members": [f"{name}-0"]}
-    if tiles:
-        status["allocatedTiles"] = {GPU: tiles}
-    return {"metadata": {"namespace": "ml", "name": name}, "spec": spec, "status": status}
-
-
-def _node(annotations: dict[str, str]) -> dict[str, Any]:
-    return {"metadata": {"name": "n1", "labels": {"deviceshare.io/mode": "shared"}, "annotations": annotations},
-            "status": {"allocatable": {GPU: "2"}, "conditions": [{"type": "Ready", "status": "True"}]}}
-
-
-def test_shared_devices_show_each_holder_with_its_share_and_what_is_left() -> None:
-    node = _node({"deviceshare.io/device-memory": json.dumps({GPU: "80Gi"})})
-    groups = [
-        _group("a", ["0"], {"compute": "250m", "memory": "20Gi"}),
-        _group("b", ["0"], {"compute": "500m"}),
-        _group("c", ["1"], {"compute": "600m"}),
-        _group("d", ["1"], {"compute": "600m"}),  # over-committed: a conflict, with the reason
-    ]
-    (shown,) = inspect.device_map([node], groups)
-    zero, one = shown.resources[GPU]
-    assert [h.shown for h in zero.holders] == ["ml/a(compute=250m,memory=20Gi)", "ml/b(compute=500m)"]
-    assert (zero.conflict, zero.left) == (False, "compute 250m, memory 60Gi")
-    assert one.conflict and one.problem == "compute 1200m given out, more than 1"
-    out = io.StringIO()
-    inspect.render_table([shown], out)
-    text = out.getvalue()
-    assert "left: compute 250m, memory 60Gi" in text
-    assert "CONFLICT (compute 1200m given out, more than 1)" in text
-    assert inspect.to_json([shown])["conflicts"][0]["groups"] == ["ml/c", "ml/d"]
-
-
-def test_tiles_are_shown_per_holder() -> None:
-    node = _node({"deviceshare.io/device-tiles": json.dumps({GPU: 2})})
-    groups = [_group("t1", ["0"], {"tiles": 1}, ["0.0"]), _group("t2", ["0"], {"tiles": 1}, ["0.1"])]
-    (shown,) = inspect.device_map([node], groups)
-    zero = shown.resources[GPU][0]
-    assert [h.share for h in zero.holders] == ["tiles=0.0", "tiles=0.1"]
-    assert (zero.conflict, zero.left) == (False, "tiles none")

@@ -108,50 +108,6 @@ CASES: dict[str, tuple[invariants.Snapshot, list[str]]] = {
 }
 
 
-def sharing(name: str, ids: list[str], share: dict[str, Any], tiles: list[str] | None = None) -> dict[str, Any]:
-    body = group(name, "n", ids)
-    body["spec"] = {"resources": {GPU: len(ids)}, "share": {GPU: share}}
-    if tiles is not None:
-        body["status"]["allocatedTiles"] = {GPU: tiles}
-    return body
-
-
-def memory_node(memory: str = "80Gi", tiles: int = 0) -> dict[str, Any]:
-    body = node("n")
-    body["metadata"]["annotations"] = {"deviceshare.io/device-memory": json.dumps({GPU: memory}),
-                                       "deviceshare.io/device-tiles": json.dumps({GPU: tiles})}
-    return body
-
-
-CASES.update({
-    "sharers within capacity": (
-        invariants.Snapshot([memory_node()], [sharing("a", ["0"], {"compute": "500m", "memory": "40Gi"}),
-                                              sharing("b", ["0"], {"compute": "0.5", "memory": "40Gi"})], []), []),
-    "sharers over compute": (
-        invariants.Snapshot([memory_node()], [sharing("a", ["0"], {"compute": "600m"}),
-                                              sharing("b", ["0"], {"compute": "500m"})], []),
-        ["held by 2 groups (compute 1100m > 1)"]),
-    "sharers over memory": (
-        invariants.Snapshot([memory_node("40Gi")], [sharing("a", ["0"], {"memory": "30Gi"}),
-                                                    sharing("b", ["0"], {"memory": "20Gi"})], []),
-        ["memory 53687091200 bytes > the device's 42949672960"]),
-    "a sharer beside a whole group": (
-        invariants.Snapshot([memory_node()], [sharing("a", ["0"], {"compute": "100m"}), group("b", "n", ["0"])], []),
-        ["(a whole-device group among them)"]),
-    "tiles, one group each": (
-        invariants.Snapshot([memory_node(tiles=2)], [sharing("a", ["0"], {"tiles": 1}, ["0.0"]),
-                                                     sharing("b", ["0"], {"tiles": 1}, ["0.1"])], []), []),
-    "a tile held twice": (
-        invariants.Snapshot([memory_node(tiles=2)], [sharing("a", ["0"], {"tiles": 1}, ["0.1"]),
-                                                     sharing("b", ["0"], {"tiles": 1}, ["0.1"])], []),
-        ["a tile held twice"]),
-    "tiles beside sharers": (
-        invariants.Snapshot([memory_node(tiles=2)], [sharing("a", ["0"], {"tiles": 1}, ["0.1"]),
-                                                     sharing("b", ["0"], {"compute": "100m"})], []),
-        ["compute/memory sharers and tile holders mixed"]),
-})
-
-
 @pytest.mark.parametrize("case", list(CASES))
 def test_the_checker_flags_exactly_the_breaches(case: str) -> None:
     snapshot, expected = CASES[case]
