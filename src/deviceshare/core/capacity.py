@@ -135,9 +135,10 @@ def fresh(device: str, memory_cap: int | None, tiles_cap: int, kind: Kind) -> De
 
 
 def left_of(device: str, use: DeviceUse, memory_cap: int | None, tiles_cap: int) -> DeviceLeft | None:
-    """What is left of a device in partial use; None when it may take nobody (kinds mixed)."""
+    """What is left of a device in partial use; None when it may take nobody (kinds mixed, or a rebuild
+    found it over-committed: nobody gets any more of it until its holders let go)."""
     kind = use.kind
-    if kind is None:
+    if kind is None or overcommit(use, memory_cap, tiles_cap, whole=False) is not None:
         return None
     taken = set(use.tiles)
     return DeviceLeft(
@@ -257,7 +258,7 @@ def join_problem(
     else:
         found = left_of(device, use, mem_cap, tiles_cap)
         if found is None:
-            return "used both ways at once (see the rebuild's conflicts); it takes nobody new"
+            return "over-committed or used two ways at once (see the rebuild's conflicts); it takes nobody new"
         left = found
     if left.kind is not share.kind:
         return f"holds {left.kind.value} holders ({', '.join(map(_name, use.groups if use else ()))})"
