@@ -102,3 +102,32 @@ async def test_a_released_share_is_given_to_the_next_group(kube: Kube) -> None:
     await kube.delete_group("ml", "g0")
     pod = await kube.wait_bound("ml", "late-0", timeout=15)
     assert env_values(pod)["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=6144M"
+
+
+async def test_a_burst_of_notebooks_fills_the_gpus_exactly_and_the_rest_wait(kube: Kube) -> None:
+    from tests.reliability import invariants
+
+    # 2 nodes x 2 GPUs, 250m each: sixteen notebooks fit, four do not; all created at once.
+    async def one(i: int) -> None:
+        await kube.create_group("lab", f"nb{i}", {GPU: 1}, share={GPU: {"compute": "250m"}})
+        await kube.create_pod("lab", f"nb{i}-0", f"nb{i}")
+
+    await asyncio.gather(*(one(i) for i in range(20)))
+
+    async def settled() -> list[dict[str, Any]] | None:
+        pods = [await kube.pod("lab", f"nb{i}-0") for i in range(20)]
+        bound = [p for p in pods if p and p["spec"].get("nodeName")]
+        refused = [p for p in pods if p and (scheduled_condition(p) or {}).get("status") == "False"]
+        return bound if len(bound) == 16 and len(refused) == 4 else None
+
+    bound = await kube.wait_for(settled, "16 notebooks bound and 4 refused", timeout=20)
+    per_device: dict[tuple[str, str], int] = {}
+    for p in bound:
+        key = (p["spec"]["nodeName"], selected(p)[GPU][0])
+        per_device[key] = per_device.get(key, 0) + 1
+        assert env_values(p)["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
+    assert sorted(per_device.values()) == [4, 4, 4, 4]
+    invariants.assert_no_double_allocation(await invariants.from_api(kube))
+    waiting = [await kube.pod("lab", f"nb{i}-0") for i in range(20)]
+    messages = {(scheduled_condition(p) or {}).get("message") for p in waiting if p and not p["spec"].get("nodeName")}
+    assert messages == {"0/2 nodes are available: 2 insufficient nvidia.com/gpu compute."}
