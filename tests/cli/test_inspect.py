@@ -199,7 +199,7 @@ def test_the_plugin_entry_point_is_declared() -> None:
     assert scripts["kubectl-deviceshare"] == scripts["deviceshare"] == "deviceshare.cli:main"
 
 
-def _group(name: str, devices: list[str], share: dict[str, Any] | None = None,
+def _sharing_group(name: str, devices: list[str], share: dict[str, Any] | None = None,
            tiles: list[str] | None = None) -> dict[str, Any]:
     spec: dict[str, Any] = {"resources": {GPU: len(devices)}}
     if share:
@@ -211,18 +211,18 @@ def _group(name: str, devices: list[str], share: dict[str, Any] | None = None,
     return {"metadata": {"namespace": "ml", "name": name}, "spec": spec, "status": status}
 
 
-def _node(annotations: dict[str, str]) -> dict[str, Any]:
+def _gpu_node(annotations: dict[str, str]) -> dict[str, Any]:
     return {"metadata": {"name": "n1", "labels": {"deviceshare.io/mode": "shared"}, "annotations": annotations},
             "status": {"allocatable": {GPU: "2"}, "conditions": [{"type": "Ready", "status": "True"}]}}
 
 
 def test_shared_devices_show_each_holder_with_its_share_and_what_is_left() -> None:
-    node = _node({"deviceshare.io/device-memory": json.dumps({GPU: "80Gi"})})
+    node = _gpu_node({"deviceshare.io/device-memory": json.dumps({GPU: "80Gi"})})
     groups = [
-        _group("a", ["0"], {"compute": "250m", "memory": "20Gi"}),
-        _group("b", ["0"], {"compute": "500m"}),
-        _group("c", ["1"], {"compute": "600m"}),
-        _group("d", ["1"], {"compute": "600m"}),  # over-committed: a conflict, with the reason
+        _sharing_group("a", ["0"], {"compute": "250m", "memory": "20Gi"}),
+        _sharing_group("b", ["0"], {"compute": "500m"}),
+        _sharing_group("c", ["1"], {"compute": "600m"}),
+        _sharing_group("d", ["1"], {"compute": "600m"}),  # over-committed: a conflict, with the reason
     ]
     (shown,) = inspect.device_map([node], groups)
     zero, one = shown.resources[GPU]
@@ -238,8 +238,8 @@ def test_shared_devices_show_each_holder_with_its_share_and_what_is_left() -> No
 
 
 def test_tiles_are_shown_per_holder() -> None:
-    node = _node({"deviceshare.io/device-tiles": json.dumps({GPU: 2})})
-    groups = [_group("t1", ["0"], {"tiles": 1}, ["0.0"]), _group("t2", ["0"], {"tiles": 1}, ["0.1"])]
+    node = _gpu_node({"deviceshare.io/device-tiles": json.dumps({GPU: 2})})
+    groups = [_sharing_group("t1", ["0"], {"tiles": 1}, ["0.0"]), _sharing_group("t2", ["0"], {"tiles": 1}, ["0.1"])]
     (shown,) = inspect.device_map([node], groups)
     zero = shown.resources[GPU][0]
     assert [h.share for h in zero.holders] == ["tiles=0.0", "tiles=0.1"]
