@@ -123,7 +123,7 @@ def run(quick: bool) -> str:
     cpu_ok = r["cpu_p99"] < bench_core.P99_TARGET_MS
     return f"""## Allocation core: placement with fractional shares ({nodes:,} nodes x {gpus} GPUs)
 
-`benchmarks/bench_core_shares.py`. The cluster of the section above, with device memory declared
+`benchmarks/bench_core_shares.py`. The cluster of the first placement section (`bench_core.py`), with device memory declared
 (80Gi per H100, 40Gi per A100; one node in ten declares none), filled to ~70% with half whole-device
 groups (1,1,2,4,8 GPUs) and half sharing groups (one GPU; compute 100m..750m and/or memory 8..20Gi),
 then {decisions:,} groups arrive ({int(r["shares"])} of them sharing and placed) while a random older group
