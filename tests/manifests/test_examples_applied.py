@@ -174,6 +174,27 @@ async def test_every_example_pod_runs_with_its_groups_devices(stack: Stack) -> N
     assert node["metadata"]["labels"]["deviceshare.io/gpu-model"] == "A100"
 
 
+async def test_a_member_that_sets_its_own_share_limit_is_refused(stack: Stack) -> None:
+    """A sharing group's limit variables are the operator's to write: a pod may not raise its own."""
+    group = {"apiVersion": names.API_VERSION, "kind": names.KIND, "metadata": {"name": "nb", "namespace": "lab"},
+             "spec": {"resources": {GPU: 1}, "share": {GPU: {"compute": "250m", "memory": "8Gi"}}}}
+    await _apply(stack.applier, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "lab"}})
+    await _apply(stack.applier, group)
+    pod = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": "greedy", "namespace": "lab", "annotations": {names.POD_GROUP_ANNOTATION: "nb"}},
+           "spec": {"containers": [{"name": "main", "image": "busybox",
+                                    "env": [{"name": "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "value": "100"}]}]}}
+    with pytest.raises(applying.ApplyError, match="sets env var CUDA_MPS_ACTIVE_THREAD_PERCENTAGE itself"):
+        await _apply(stack.applier, pod)
+    # Without the variable it is admitted, and starts with the limits of its share.
+    del pod["spec"]["containers"][0]["env"]
+    await _apply(stack.applier, pod)
+    await stack.kube.wait_bound("lab", "greedy")
+    seen = await stack.kube.wait_for(lambda: stack.cluster.kubelet.started_env.get(("lab", "greedy")), "started")
+    assert seen["main"]["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
+    assert seen["main"]["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=8192M"
+
+
 async def test_applying_again_sends_only_what_the_file_changed(stack: Stack, tmp_path: Path) -> None:
     api = stack.applier._api
     path = EXAMPLES / "spread-group.yaml"
