@@ -138,9 +138,9 @@ def _metrics_port(running: Any) -> int | None:
 async def test_a_pod_deleted_mid_placement_leaves_nothing_allocated(cluster: Any, kube: Kube) -> None:
     running = await start_operator(operator_config(cluster))
     try:
-        # Hold the first member's annotation write long enough to delete the pod under it: by then the
-        # group's status already records the allocation (it is written first).
-        cluster.inject_fault("PATCH", r"/namespaces/mid/pods/first$", delay=1.0)
+        # Hold the first member's binding (which carries its annotations) long enough to delete the pod under
+        # it: by then the group's status already records the allocation (it is written first).
+        cluster.inject_fault("POST", r"/namespaces/mid/pods/first/binding$", delay=1.0)
         await kube.create_group("mid", "g", {GPU: 8})
         await kube.create_pod("mid", "first", "g")
         await kube.wait_group("mid", "g", lambda g: (g.get("status") or {}).get("phase") == "Bound", "placed")

@@ -99,7 +99,7 @@ def _pod(name: str, group: str, node: str | None, selected: str | None, phase: s
         ann[names.POD_SELECTED_DEVICES_ANNOTATION] = selected
     return state.pod_record({
         "metadata": {"namespace": "ns", "name": name, "uid": name, "annotations": ann},
-        "spec": {"nodeName": node, "containers": [{"name": "c"}]},
+        "spec": {"nodeName": node, "schedulerName": names.DEFAULT_SCHEDULER_NAME, "containers": [{"name": "c"}]},
         "status": {"phase": phase},
     })
 
@@ -115,11 +115,12 @@ def test_rebuild_claims_come_from_bound_statuses_and_running_members_only() -> N
         _pod("unbound", "pending", None, '{"nvidia.com/gpu":"5"}'),
         _pod("garbled", "pending", "n2", "{not json"),
     ]
-    claims = rebuild.claims(groups, pods)
-    assert [(c.group, c.node, dict(c.devices), c.source) for c in claims] == [
+    sorted_claims = rebuild.sort_claims(groups, pods, names.DEFAULT_SCHEDULER_NAME)
+    assert [(c.group, c.node, dict(c.devices), c.source) for c in sorted_claims.claims] == [
         (("ns", "bound"), "n1", {"nvidia.com/gpu": ("0",)}, "status of ns/bound"),
-        (("ns", "bound"), "n1", {"nvidia.com/gpu": ("0",)}, "pod ns/runs"),
     ]
+    assert sorted_claims.members == {("ns", "runs"): ("runs", "bound")}
+    assert sorted_claims.untrusted == []
 
 
 def test_an_assumed_binding_survives_an_older_event() -> None:
@@ -127,7 +128,7 @@ def test_an_assumed_binding_survives_an_older_event() -> None:
     pod = _pod("p", "g", None, None, phase="Pending")
     cluster.upsert_pod(pod)
     cluster.assume(pod, "n1", {names.POD_SELECTED_DEVICES_ANNOTATION: '{"nvidia.com/gpu":"0"}',
-                               names.env_annotation("NVIDIA_VISIBLE_DEVICES"): "0"})
+                               names.env_annotation("NVIDIA_VISIBLE_DEVICES"): "0"}, "g")
     cluster.upsert_pod(_pod("p", "g", None, None, phase="Pending"))  # an event from before our writes
     assert cluster.pods[("ns", "p")].node_name == "n1"
     # ... which must not make the annotations we wrote look hand-edited (or missing)

@@ -19,7 +19,6 @@ from tests.reliability.conftest import Watchdog, kill, launch
 
 NS = "faults"
 GROUP_STATUS = rf"/namespaces/{NS}/{names.PLURAL}/[^/]+/status$"
-POD = rf"/namespaces/{NS}/pods/[^/]+$"
 BINDING = rf"/namespaces/{NS}/pods/[^/]+/binding$"
 PODS_WATCH = r"^/api/v1/pods$"
 
@@ -33,7 +32,6 @@ async def throttled(cluster: Any) -> None:
 
 
 async def server_errors(cluster: Any) -> None:
-    cluster.inject_fault("PATCH", POD, status=500, times=2)
     cluster.inject_fault("POST", BINDING, status=500, times=2)
     cluster.inject_fault("PATCH", GROUP_STATUS, status=500, times=2)
 

@@ -1,6 +1,7 @@
 """Kill the operator at each step of a placement, restart it, and find nothing leaked, half-bound or doubled.
 
-The write order (scheduler.py) is: reserve in memory, group status, pod annotations, binding. Each
+The write order (scheduler.py) is: reserve in memory, group status, binding (which carries the pod's
+device annotations: one write, so there is no step between annotating and binding to die in). Each
 step is held open with an injected delay on its request; the operator is killed (every task cancelled
 at once, no cleanup) while that request is in flight. The request still lands, as one sent by a dying
 process does. A fresh operator then rebuilds from the API and must finish the job on the same node, where groups
@@ -23,8 +24,7 @@ NS = "crash"
 # step -> (method, path of the request held open when the operator dies)
 STEPS = {
     "after-reserve": ("PATCH", rf"/namespaces/{NS}/{names.PLURAL}/victim/status$"),
-    "after-status-write": ("PATCH", rf"/namespaces/{NS}/pods/victim-0$"),
-    "after-pod-annotation": ("POST", rf"/namespaces/{NS}/pods/victim-0/binding$"),
+    "after-status-write": ("POST", rf"/namespaces/{NS}/pods/victim-0/binding$"),
     "after-binding": ("POST", rf"/namespaces/{NS}/events$"),
 }
 HOLD = 0.5

@@ -109,6 +109,11 @@ class Metrics:
             "Devices found claimed by two groups when the ledger was rebuilt",
             registry=r,
         )
+        self.untrusted_claims = Counter(
+            "deviceshare_untrusted_claims",
+            "Pods found claiming devices (selected-devices) that no record of the operator backs, at a rebuild",
+            registry=r,
+        )
         self.missed_deletions = Counter(
             "deviceshare_missed_deletions",
             "Pods and groups found deleted by reading them again, their DELETED watch event never seen",

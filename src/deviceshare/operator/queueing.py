@@ -82,6 +82,12 @@ class SchedulingQueue(Generic[K]):
         self._parked[key] = self._clock() + delay
         return delay
 
+    def back_off(self, key: K) -> float:
+        """A write the API refused: retry after the pod's next backoff even if no cluster event comes."""
+        delay = self.park(key)
+        self._schedule_timer(key, delay)
+        return delay
+
     def retry_later(self, key: K, delay: float) -> None:
         """A transient failure (API error): try again after ``delay`` regardless of cluster events."""
         self._dirty.discard(key)

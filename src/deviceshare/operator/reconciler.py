@@ -6,7 +6,8 @@ from the ledger (the authority on devices) and the pods (the authority on who ru
 - deleting: phase Releasing while a member still runs on the devices, then release and drop the finalizer;
 - node lost (deleted or NotReady): NodeLost condition and event; once no member runs there the devices
   go back to the ledger and the group returns to Pending, to be placed again by its next pod;
-- member pods whose device annotations were edited by hand get them back from the allocation;
+- member pods whose device annotations (or group annotation) were edited get them back from the
+  allocation: only members we bound into this group, and only on the group's node;
 - a member a release has waited on for ``member_recheck`` seconds is read again from the API: if its
   deletion never reached us (a pod watch that hangs without an error), it would otherwise hold its
   group's devices for ever.
@@ -170,6 +171,8 @@ class GroupReconciler:
     async def _restore_pod_annotations(
         self, gkey: state_.GroupKey, allocation: ledgers.Allocation, members: list[state_.PodRecord]
     ) -> None:
+        """Put back what a member's owner changed. ``members`` are the pods we bound into this group (our
+        records, not their annotations); one on another node never gets this group's device IDs."""
         want = statuses.allocation_annotations(
             allocation, self.ctx.config.env_names, self.ctx.ledger.node(allocation.node)
         )
@@ -178,16 +181,27 @@ class GroupReconciler:
             for k, v in want.items() if k.startswith(names.POD_ENV_ANNOTATION_PREFIX)
         }
         for pod in members:
-            if pod.selected_devices == want[names.POD_SELECTED_DEVICES_ANNOTATION] and (
-                not pod.env_annotations or dict(pod.env_annotations) == want_env
+            if pod.member_of != gkey[1] or pod.node_name != allocation.node:
+                continue
+            if (
+                pod.group == gkey[1]
+                and pod.selected_devices == want[names.POD_SELECTED_DEVICES_ANNOTATION]
+                and dict(pod.env_annotations) == want_env
             ):
                 continue
             stale: dict[str, str | None] = {
                 names.env_annotation(e): None for e in pod.env_annotations if e not in want_env
             }
+            # The group annotation too: un-joining or re-pointing a bound member changes nothing we decide,
+            # but everything that reads the pod (kubectl, inspect, the webhook's member count) should agree.
+            stale[names.POD_GROUP_ANNOTATION] = gkey[1]
             try:
                 await self.ctx.api.annotate_pod(pod.key, pod.uid, {**stale, **want})
             except (storage.Gone, storage.Conflict):
+                continue
+            except storage.Invalid as e:  # refused (a policy, RBAC): say so where the pod's owner looks
+                self.ctx.event(pod, "DeviceAnnotationsNotRestored", f"could not put back the device "
+                               f"annotations of SharedDeviceGroup \"{gkey[1]}\": {e}", warning=True)
                 continue
             self.ctx.event(
                 pod, "DeviceAnnotationsRestored",

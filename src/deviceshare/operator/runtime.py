@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from deviceshare.api import names
 from deviceshare.core import inventory
 from deviceshare.core import ledger as ledgers
 from deviceshare.kube import watching
@@ -136,12 +137,16 @@ class Runtime:
         state = state_.ClusterState()
         for body in groups:
             state.upsert_group(state_.group_record(body))
-        for body in pods:
-            pod = state_.pod_record(body)
+        records = [state_.pod_record(body) for body in pods]
+        # Only claims a record of ours agrees with count (see rebuild.py); membership comes from those records.
+        sorted_claims = rebuild_.sort_claims(state.groups.values(), records, ctx.config.scheduler_name)
+        for key, (uid, group) in sorted_claims.members.items():
+            state.record_binding(key, uid, group)
+        for pod in records:
             state.upsert_pod(pod)
             if pod.on_devices and pod.node_name:
                 ledger.account_pod(pod.key, pod.node_name, pod.demand.cpu_milli, pod.demand.memory_bytes)
-        report = ledger.rebuild(rebuild_.claims(state.groups.values(), state.pods.values()))
+        report = ledger.rebuild(sorted_claims.claims)
 
         ctx.ledger, ctx.state = ledger, state
         ctx.metrics.bind_ledger(ledger)
@@ -164,6 +169,13 @@ class Runtime:
             logger.error("device conflict: group %s/%s shares devices with %s", *g, sorted(others))
         for problem in report.problems:
             logger.warning("rebuild: %s", problem)
+        for untrusted in sorted_claims.untrusted:
+            ctx.metrics.untrusted_claims.inc()
+            pod = untrusted.pod
+            message = (f"annotation {names.POD_SELECTED_DEVICES_ANNOTATION}={pod.selected_devices} is ignored: "
+                       f"{untrusted.why}")
+            ctx.event(pod, "UntrustedDeviceClaim", message, warning=True)
+            logger.warning("rebuild: pod %s/%s: %s", *pod.key, message)
 
         for pod in state.pods.values():
             if self.scheduler.is_ours(pod):
@@ -302,18 +314,31 @@ class Runtime:
             self.queue.park(key)
             if pod is not None:
                 await self._report_unschedulable(pod, outcome.message)
+        elif outcome.result is Result.REFUSED:
+            # Never a silent Pending: the API's own words on the pod, and another try after a backoff.
+            self.ctx.metrics.api_retries.inc()
+            self.queue.back_off(key)
+            if pod is not None:
+                await self._report_unschedulable(pod, outcome.message, reason="SchedulerError")
 
-    async def _report_unschedulable(self, pod: state_.PodRecord, message: str) -> None:
-        """PodScheduled=False/Unschedulable (written only when it changes) and a FailedScheduling event."""
+    async def _report_unschedulable(
+        self, pod: state_.PodRecord, message: str, *, reason: str = "Unschedulable"
+    ) -> None:
+        """PodScheduled=False (written only when it changes) and a FailedScheduling event.
+
+        ``reason`` is kube-scheduler's: ``Unschedulable`` when nothing fits, ``SchedulerError`` when the
+        API server refused what the scheduler wrote."""
         self.ctx.event(pod, "FailedScheduling", message, warning=True)
         if pod.group_key is not None:
             self._request_reconcile(pod.group_key)
-        if pod.scheduled_condition == ("False", "Unschedulable", message):
+        if pod.scheduled_condition == ("False", reason, message):
             return
-        with contextlib.suppress(storage.Gone, storage.Conflict):
-            await self.ctx.api.set_pod_scheduled_condition(
-                pod.key, status="False", reason="Unschedulable", message=message
-            )
+        try:
+            await self.ctx.api.set_pod_scheduled_condition(pod.key, status="False", reason=reason, message=message)
+        except (storage.Gone, storage.Conflict):
+            pass
+        except storage.Invalid as e:  # the event above still says why
+            logger.warning("could not set PodScheduled on pod %s/%s: %s", *pod.key, e)
 
     # -- group reconciles -----------------------------------------------------------------------
 

@@ -1,15 +1,21 @@
-"""One scheduling cycle for one pod: decide with the core, persist, annotate, bind — or roll back.
+"""One scheduling cycle for one pod: check, decide with the core, persist, bind — or roll back.
 
 The order is what makes a crash at any step safe:
 0. make sure the group carries our finalizer (so its deletion waits for the release);
 1. reserve devices in the ledger (in memory, in flight);
 2. persist the allocation in the group's status, conditional on its resourceVersion — from here on a
    restarted operator rebuilds the claim from the API;
-3. write the selected devices and env values on the pod (kubelet reads them at container start);
-4. bind the pod to the group's node.
+3. bind the pod to the group's node; the Binding carries the selected devices and env values as
+   annotations, which the API server writes onto the pod in the same write as ``spec.nodeName``
+   (kube-apiserver's ``BindingREST``), so a pod is never bound without them nor annotated but unbound.
 A failure before step 2 completes releases the reservation. If the pod that placed its group vanishes
 before binding, the group's status is put back to Pending first and only then are the devices released,
 so the API never shows a claim the ledger has already given away.
+
+Nothing on the pod is taken on trust: the group name is checked before it is used anywhere, and the pod
+must pass the same member rules as the webhook applies at CREATE (a pod annotated after creation never
+met the webhook). A binding the API refuses (400/403/422) is reported on the pod and retried with backoff;
+only a 404 or a 409 (deleted, another uid, bound by someone else) means the pod is not ours to place.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import kopf
 
 from deviceshare.api import names
 from deviceshare.core import ledger as ledgers
+from deviceshare.core import members as member_rules
 from deviceshare.core import placement
 
 from . import state as state_
@@ -38,6 +45,7 @@ class Result(enum.Enum):
     UNSCHEDULABLE = "unschedulable"
     SKIPPED = "skipped"  # not ours, already bound, deleted: nothing to do
     RETRY = "retry"  # transient API failure
+    REFUSED = "refused"  # the API server refused a write (400/403/422): say so on the pod, retry with backoff
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,6 +72,11 @@ class PodScheduler:
         pod = self.ctx.state.pods.get(key)
         if pod is None or not self.is_ours(pod):
             return Outcome(Result.SKIPPED)
+        if pod.group is not None and not pod.group_valid:
+            # Before any use: the name goes into API paths, locks and status (a name like
+            # "../shareddevicegroups?watch=true" once turned a GET into a collection watch).
+            problem = member_rules.group_name_problem(pod.group)
+            return Outcome(Result.UNSCHEDULABLE, problem or "invalid group name")
         if pod.group_key is None:
             return Outcome(
                 Result.UNSCHEDULABLE,
@@ -91,8 +104,8 @@ class PodScheduler:
                     f'SharedDeviceGroup "{pod.group_key[1]}" not found in namespace "{pod.group_key[0]}"',
                 )
             except storage.Invalid as e:
-                # Retrying the same write cannot help: say why on the pod and wait for a change.
-                return Outcome(Result.UNSCHEDULABLE, f"the API server refused the placement: {e}")
+                # Say why on the pod; retried with backoff (an admission policy or RBAC may be fixed).
+                return Outcome(Result.REFUSED, f"the API server refused the placement: {e}")
         if outcome.result is Result.BOUND:
             self.ctx.metrics.placement_seconds.observe(time.perf_counter() - started)
         return outcome
@@ -116,6 +129,12 @@ class PodScheduler:
                 Result.UNSCHEDULABLE, f'SharedDeviceGroup "{gkey[1]}" has an invalid spec: {group.spec_error}'
             )
         spec = group.spec
+        env = ctx.config.env_names.for_group(spec)  # visibility, and a share's limits (CONTRACT §7)
+        refused = next(member_rules.conflicts(pod.containers, spec.resources, env), None)
+        if refused is not None:
+            # The webhook denies such a pod at CREATE; this one never met it (annotated after creation).
+            return Outcome(Result.UNSCHEDULABLE, f"pod did not pass admission for SharedDeviceGroup "
+                                                 f'"{gkey[1]}": {refused}')
         if gkey in ctx.conflicts:
             others = ", ".join(f"{ns}/{n}" for ns, n in sorted(ctx.conflicts[gkey]))
             return Outcome(
@@ -172,21 +191,27 @@ class PodScheduler:
         node = ctx.ledger.node(allocation.node)
         annotations = statuses.allocation_annotations(allocation, ctx.config.env_names, node)
         try:
-            await ctx.api.annotate_pod(pod.key, pod.uid, annotations)
-            await ctx.api.bind_pod(pod.key, pod.uid, allocation.node)
-        except (storage.Gone, storage.Conflict, storage.Invalid) as e:
-            # Deleted, recreated under the same name, or bound by someone else: not ours to place now.
+            # One write: the API server copies the Binding's annotations onto the pod with spec.nodeName.
+            await ctx.api.bind_pod(pod.key, pod.uid, allocation.node, annotations)
+        except (storage.Gone, storage.Conflict) as e:
+            # Deleted, recreated under the same name (another uid), or bound by someone else: not ours now.
             logger.info("pod %s/%s not bound: %s", *pod.key, e)
             if fresh and not ctx.state.members_on_devices(gkey):
                 await self._roll_back(gkey, "the pod that placed the group went away before it was bound")
             return Outcome(Result.SKIPPED, str(e))
+        except storage.Invalid as e:
+            # Refused (an admission policy, RBAC, validation): the pod is still ours and still Pending.
+            logger.warning("binding pod %s/%s refused: %s", *pod.key, e)
+            if fresh and not ctx.state.members_on_devices(gkey):
+                await self._roll_back(gkey, "the API server refused the binding of the first member")
+            return Outcome(Result.REFUSED, f"the API server refused the binding to {allocation.node}: {e}")
         except BaseException:
             if fresh and not ctx.state.members_on_devices(gkey):
                 await self._roll_back(gkey, "binding the first member failed; the group will be placed again")
             raise
 
         # Seen as bound right away, so the next member counts it before the watch event arrives.
-        ctx.state.assume(pod, allocation.node, annotations)
+        ctx.state.assume(pod, allocation.node, annotations, gkey[1])
         ctx.ledger.account_pod(pod.key, allocation.node, pod.demand.cpu_milli, pod.demand.memory_bytes)
         devices = statuses.describe_allocation(allocation)
         if fresh:

@@ -16,6 +16,7 @@ import pydantic
 
 from deviceshare.api import models, names
 from deviceshare.core import inventory
+from deviceshare.core import members as member_rules
 
 GroupKey = tuple[str, str]
 PodKey = tuple[str, str]
@@ -27,7 +28,7 @@ TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 class PodRecord:
     key: PodKey
     uid: str
-    group: str | None  # the deviceshare.io/device-group annotation, verbatim
+    group: str | None  # the deviceshare.io/device-group annotation, verbatim (the tenant's to write)
     scheduler_name: str
     node_name: str | None
     phase: str
@@ -37,10 +38,24 @@ class PodRecord:
     env_annotations: Mapping[str, str]  # env name -> value, from deviceshare.io/env.* annotations
     demand: inventory.PodDemand
     scheduled_condition: tuple[str, str, str] | None  # (status, reason, message) of PodScheduled
+    # What the member rules read of its containers (the same ones the webhook applies at CREATE).
+    containers: tuple[member_rules.ContainerFacts, ...] = ()
+    group_valid: bool = False  # ``group`` is a well-formed group name (never used in a path otherwise)
+    # The group we bound it into, by our own records (set by ClusterState, never read from the pod).
+    member_of: str | None = None
 
     @property
     def group_key(self) -> GroupKey | None:
-        return (self.key[0], self.group) if self.group else None
+        """The group this pod belongs to as far as the operator is concerned.
+
+        A pod we bound belongs to the group we bound it into, whatever its annotation says now; a pending
+        pod to the group its annotation asks for (if well formed); a pod bound by anyone else to none.
+        """
+        if self.member_of is not None:
+            return (self.key[0], self.member_of)
+        if self.node_name or not self.group_valid or self.group is None:
+            return None
+        return (self.key[0], self.group)
 
     @property
     def terminated(self) -> bool:
@@ -62,13 +77,16 @@ def pod_record(body: Mapping[str, Any]) -> PodRecord:
     status = body.get("status") or {}
     annotations = meta.get("annotations") or {}
     prefix = names.POD_ENV_ANNOTATION_PREFIX
+    group = annotations.get(names.POD_GROUP_ANNOTATION)
+    if group is not None:
+        group = str(group)
     scheduled = next(
         (c for c in status.get("conditions") or [] if c.get("type") == "PodScheduled"), None
     )
     return PodRecord(
         key=(meta.get("namespace", ""), meta.get("name", "")),
         uid=meta.get("uid", ""),
-        group=annotations.get(names.POD_GROUP_ANNOTATION),
+        group=group,
         scheduler_name=spec.get("schedulerName") or "default-scheduler",
         node_name=spec.get("nodeName") or None,
         phase=status.get("phase") or "Pending",
@@ -81,6 +99,8 @@ def pod_record(body: Mapping[str, Any]) -> PodRecord:
             (scheduled.get("status", ""), scheduled.get("reason", ""), scheduled.get("message", ""))
             if scheduled else None
         ),
+        containers=member_rules.container_facts(spec) if isinstance(spec, Mapping) else (),
+        group_valid=group is not None and member_rules.group_name_problem(group) is None,
     )
 
 
@@ -178,6 +198,10 @@ class ClusterState:
 
     Pods we bound are *assumed* on their node (kube-scheduler's term) until a watch event shows the
     binding, so an event that predates it cannot make a bound pod look pending again.
+
+    Membership of a bound pod comes from our own records (:meth:`record_binding`: the bindings we made,
+    and at a rebuild the members the groups' statuses record), never from its annotations, which the
+    pod's owner can rewrite at any time: a member stays in its group whatever its annotation says later.
     """
 
     def __init__(self) -> None:
@@ -185,9 +209,17 @@ class ClusterState:
         self.groups: dict[GroupKey, GroupRecord] = {}
         self._members: dict[GroupKey, set[PodKey]] = {}
         self._assumed: dict[PodKey, PodRecord] = {}  # what we wrote, until a watch event shows the binding
+        self._bound: dict[PodKey, tuple[str, str]] = {}  # pod -> (uid, group name) we bound it into
 
-    def assume(self, pod: PodRecord, node: str, annotations: Mapping[str, str]) -> PodRecord:
-        """``pod`` was annotated with ``annotations`` and bound to ``node`` by us just now."""
+    def record_binding(self, key: PodKey, uid: str, group: str) -> None:
+        """``key`` (with ``uid``) is a member of ``group`` in its namespace: we bound it there."""
+        self._bound[key] = (uid, group)
+        held = self.pods.get(key)
+        if held is not None and held.uid == uid and held.member_of != group:
+            self.upsert_pod(held)
+
+    def assume(self, pod: PodRecord, node: str, annotations: Mapping[str, str], group: str) -> PodRecord:
+        """``pod`` was bound to ``node`` as a member of ``group``, with ``annotations``, by us just now."""
         prefix = names.POD_ENV_ANNOTATION_PREFIX
         bound = dataclasses.replace(
             pod,
@@ -195,6 +227,7 @@ class ClusterState:
             selected_devices=annotations.get(names.POD_SELECTED_DEVICES_ANNOTATION),
             env_annotations={k[len(prefix):]: v for k, v in annotations.items() if k.startswith(prefix)},
         )
+        self._bound[pod.key] = (pod.uid, group)
         self.upsert_pod(bound)
         self._assumed[pod.key] = bound  # after the upsert, which clears assumptions it confirms
         return bound
@@ -208,6 +241,12 @@ class ClusterState:
         return True
 
     def upsert_pod(self, pod: PodRecord) -> PodRecord | None:
+        record = self._bound.get(pod.key)
+        if record is not None:
+            if record[0] != pod.uid:
+                del self._bound[pod.key]  # a new pod under the name: it is no one's member yet
+            elif pod.member_of != record[1]:
+                pod = dataclasses.replace(pod, member_of=record[1])
         assumed = self._assumed.get(pod.key)
         if assumed is not None:
             if assumed.uid != pod.uid or pod.node_name:
@@ -229,6 +268,7 @@ class ClusterState:
 
     def remove_pod(self, key: PodKey) -> PodRecord | None:
         self._assumed.pop(key, None)
+        self._bound.pop(key, None)
         old = self.pods.pop(key, None)
         if old is not None and old.group_key is not None:
             members = self._members.get(old.group_key)

@@ -6,7 +6,11 @@ scheduling decision itself.
 
 API exceptions are converted here, once, into errors by intent: ``Conflict`` (stale resourceVersion or
 a precondition failed: re-read and retry), ``Gone`` (the object no longer exists), ``Invalid`` (the API
-refused the content: do not retry) and ``kopf.TemporaryError`` for the rest (retry with backoff).
+refused the write: 400/403/415/422, the same write retried at once would be refused again) and
+``kopf.TemporaryError`` for the rest (retry with backoff).
+
+Every name in a path is URL-quoted: names come from annotations a pod's owner writes, and a name such as
+``../shareddevicegroups?watch=true`` must stay one path segment, not become another request.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import logging
 import secrets
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import quote
 
 import aiohttp
 import kopf
@@ -43,7 +48,7 @@ class Gone(Exception):
 
 
 class Invalid(Exception):
-    """400/422: the API refused what we sent; retrying the same write cannot help."""
+    """400/403/415/422: the API refused what we sent (validation, admission, RBAC); not a transient error."""
 
 
 def now_rfc3339() -> str:
@@ -145,7 +150,8 @@ class ClusterApi:
         """The peers recorded in Kopf's ClusterKopfPeering object ``name``; None if it does not exist."""
         try:
             data = await self._call(
-                "GET", f"/apis/kopf.dev/v1/clusterkopfpeerings/{name}", f"get clusterkopfpeering {name}"
+                "GET", f"/apis/kopf.dev/v1/clusterkopfpeerings/{_segment(name)}",
+                f"get clusterkopfpeering {name}",
             )
         except Gone:
             return None
@@ -181,17 +187,21 @@ class ClusterApi:
     # -- pod writes ----------------------------------------------------------------------------
 
     async def annotate_pod(self, key: PodKey, uid: str, annotations: Mapping[str, str | None]) -> None:
-        """Merge-patch annotations; the uid makes it a precondition (a recreated pod is not touched)."""
+        """Merge-patch annotations; the uid makes it a precondition (a recreated pod is not touched).
+
+        Only to put back what a running member's owner changed: placement writes them in the Binding."""
         body = {"metadata": {"uid": uid, "annotations": dict(annotations)}}
         await self._call(
             "PATCH", _pod_path(key), f"annotate pod {key[0]}/{key[1]}", body, content_type=MERGE_PATCH
         )
 
-    async def bind_pod(self, key: PodKey, uid: str, node: str) -> None:
+    async def bind_pod(self, key: PodKey, uid: str, node: str, annotations: Mapping[str, str]) -> None:
+        """Bind to ``node``; the API server copies the Binding's annotations onto the pod in the same write
+        (kube-apiserver's ``BindingREST``), so the pod is never bound without its devices."""
         body = {
             "apiVersion": "v1",
             "kind": "Binding",
-            "metadata": {"name": key[1], "namespace": key[0], "uid": uid},
+            "metadata": {"name": key[1], "namespace": key[0], "uid": uid, "annotations": dict(annotations)},
             "target": {"apiVersion": "v1", "kind": "Node", "name": node},
         }
         await self._call("POST", _pod_path(key) + "/binding", f"bind pod {key[0]}/{key[1]} to {node}", body)
@@ -254,15 +264,23 @@ class ClusterApi:
         }
         try:
             await self._call(
-                "POST", f"/api/v1/namespaces/{namespace}/events", f"event {reason} for {kind} {namespace}/{name}", body
+                "POST", f"/api/v1/namespaces/{_segment(namespace)}/events",
+                f"event {reason} for {kind} {namespace}/{name}", body,
             )
         except Exception as e:  # events are advisory
             logger.warning("could not post event %s for %s %s/%s: %s", reason, kind, namespace, name, e)
 
 
+def _segment(name: str) -> str:
+    """``name`` as exactly one path segment (no name the API server accepts is empty, "." or "..")."""
+    if name in ("", ".", ".."):
+        raise Invalid(f"{name!r} cannot be the name of an object")
+    return quote(name, safe="")
+
+
 def _group_path(key: GroupKey) -> str:
-    return f"/apis/{names.API_VERSION}/namespaces/{key[0]}/{names.PLURAL}/{key[1]}"
+    return f"/apis/{names.API_VERSION}/namespaces/{_segment(key[0])}/{names.PLURAL}/{_segment(key[1])}"
 
 
 def _pod_path(key: PodKey) -> str:
-    return f"/api/v1/namespaces/{key[0]}/pods/{key[1]}"
+    return f"/api/v1/namespaces/{_segment(key[0])}/pods/{_segment(key[1])}"

@@ -10,7 +10,8 @@ label, (3) read each visibility env var of the group's resource types from the d
 (4) tolerate the shared-node taint (which the admission policy allows members only).
 The patch only adds what is missing, so a reinvoked pod yields an empty patch; an env var that is
 already present with exactly our ``valueFrom`` counts as present. Everything else the contract
-forbids is denied with a message that names the container and the variable or resource at fault.
+forbids is denied with a message that names the container and the variable or resource at fault; those
+rules live in :mod:`deviceshare.core.members`, so the operator runs the same ones before it binds.
 The webhook never writes to the API, so ``dryRun`` requests are answered exactly like real ones.
 """
 
@@ -19,20 +20,15 @@ from __future__ import annotations
 import base64
 import enum
 import json
-import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from deviceshare.api import envnames, models, names
+from deviceshare.core import members as member_rules
 
 ADMISSION_API_VERSION = "admission.k8s.io/v1"
 RETRY_MESSAGE = "deviceshare webhook is still loading groups; retry the pod creation"
-
-# A group name becomes a label value, so it must be a DNS-1123 label (which is also a valid
-# object name): lowercase alphanumerics and '-', at most 63 characters.
-_GROUP_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_MAX_GROUP_NAME = 63
 
 
 class Unjoinable(enum.Enum):
@@ -127,14 +123,9 @@ def mutate(
     group_name = group_name_of(pod)
     if group_name is None:
         return Decision(allowed=True, outcome="skipped")
-    ann = names.POD_GROUP_ANNOTATION
-    if not group_name.strip():
-        return deny(f"annotation {ann} is empty; set it to the name of a SharedDeviceGroup")
-    if len(group_name) > _MAX_GROUP_NAME or not _GROUP_NAME.match(group_name):
-        return deny(
-            f"annotation {ann}={group_name!r} is not a valid group name "
-            f"(lowercase letters, digits and '-', at most {_MAX_GROUP_NAME} characters)"
-        )
+    bad_name = member_rules.group_name_problem(group_name)
+    if bad_name is not None:
+        return deny(bad_name)
     spec = pod.get("spec") or {}
     if spec.get("nodeName"):
         return deny(
@@ -150,7 +141,7 @@ def mutate(
         return deny(f"SharedDeviceGroup {group_name!r} does not exist in namespace {namespace!r}")
 
     env = visibility_env(group, env_names)
-    problem = next(_conflicts(spec, group, env), None)
+    problem = next(member_rules.conflicts(member_rules.container_facts(spec), group.resources, env), None)
     if problem:
         return deny(problem)
     if group.max_members:
@@ -182,22 +173,13 @@ def tolerates_shared_nodes(tolerations: Sequence[Mapping[str, Any]]) -> bool:
 
 def env_entry(env_name: str) -> dict[str, Any]:
     """The env entry the webhook injects for one visibility variable."""
-    field_ref = {"apiVersion": "v1", "fieldPath": names.env_field_path(env_name)}
-    return {"name": env_name, "valueFrom": {"fieldRef": field_ref}}
+    return member_rules.env_entry(env_name)
 
 
 def is_injected(entry: Mapping[str, Any]) -> bool:
     """Whether an env entry is the one :func:`env_entry` makes (the API server may have defaulted
     ``fieldRef.apiVersion`` to ``v1`` since, or not)."""
-    name = str(entry.get("name"))
-    value_from = entry.get("valueFrom") or {}
-    field_ref = value_from.get("fieldRef") or {}
-    return (
-        "value" not in entry
-        and set(value_from) == {"fieldRef"}
-        and field_ref.get("fieldPath") == names.env_field_path(name)
-        and field_ref.get("apiVersion", "v1") == "v1"
-    )
+    return member_rules.is_injected(entry)
 
 
 def respond(body: Mapping[str, Any], decision: Decision) -> dict[str, Any]:
@@ -240,28 +222,6 @@ def _containers(spec: Mapping[str, Any]) -> Iterator[tuple[str, int, Mapping[str
     for list_name in ("initContainers", "containers"):
         for index, container in enumerate(spec.get(list_name) or []):
             yield list_name, index, container
-
-
-def _conflicts(spec: Mapping[str, Any], group: models.GroupSpec, env: Sequence[str]) -> Iterator[str]:
-    wanted = set(env)
-    for list_name, _, container in _containers(spec):
-        where = (
-            f"{'init container' if list_name == 'initContainers' else 'container'} {container.get('name')!r}"
-        )
-        resources = container.get("resources") or {}
-        for section in ("limits", "requests"):
-            for resource in sorted(set(resources.get(section) or {}) & set(group.resources)):
-                yield (
-                    f"{where} requests {resource} in resources.{section}, but the device group "
-                    f"already provides it; remove it so the device plugin does not allocate it twice"
-                )
-        for entry in container.get("env") or []:
-            name = entry.get("name")
-            if name in wanted and not is_injected(entry):
-                yield (
-                    f"{where} sets env var {name} itself, which would override the devices of the "
-                    f"group; remove it (deviceshare injects it)"
-                )
 
 
 def _patch(
