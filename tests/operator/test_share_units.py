@@ -36,7 +36,8 @@ def member(name: str, group_name: str, devices: str) -> state.PodRecord:
         "metadata": {"namespace": "ns", "name": name, "uid": name,
                      "annotations": {names.POD_GROUP_ANNOTATION: group_name,
                                      names.POD_SELECTED_DEVICES_ANNOTATION: devices}},
-        "spec": {"nodeName": "n", "containers": [{"name": "c"}]}, "status": {"phase": "Running"},
+        "spec": {"nodeName": "n", "schedulerName": names.DEFAULT_SCHEDULER_NAME, "containers": [{"name": "c"}]},
+        "status": {"phase": "Running"},
     })
 
 
@@ -48,13 +49,14 @@ def test_a_rebuild_reads_each_share_back_and_reports_overcommitment_without_reso
     groups = [group("a", bound(["0"]), {"memory": "50Gi"}), group("b", bound(["0"]), {"memory": "40Gi"}),
               group("c", bound(["1"]), {"compute": "250m"})]
     pods = [member("a-0", "a", '{"nvidia.com/gpu":"0"}')]
-    claims = rebuild.claims(groups, pods)
+    sorted_ = rebuild.sort_claims(groups, pods, names.DEFAULT_SCHEDULER_NAME)
+    claims = sorted_.claims
     assert {(c.source, dict(c.share)[GPU]) for c in claims} == {
         ("status of ns/a", capacity.Share(memory_bytes=50 * GIB)),
-        ("pod ns/a-0", capacity.Share(memory_bytes=50 * GIB)),
         ("status of ns/b", capacity.Share(memory_bytes=40 * GIB)),
         ("status of ns/c", capacity.Share(compute_milli=250)),
     }
+    assert sorted_.members == {("ns", "a-0"): ("a-0", "a")}  # the member of a sharing group is recognised
     ledger = ledgers.DeviceLedger()
     ledger.upsert_node(node("n", labels={names.NVIDIA_GPU_MEMORY_LABEL: "81920"}))
     report = ledger.rebuild(claims)
@@ -73,7 +75,7 @@ def test_a_rebuild_reads_each_share_back_and_reports_overcommitment_without_reso
 
 def test_tiles_come_back_from_the_status() -> None:
     tiles = group("t", {**bound(["0"]), "allocatedTiles": {GPU: ["0.1"]}}, {"tiles": 1})
-    (claim,) = rebuild.claims([tiles], [])
+    (claim,) = rebuild.sort_claims([tiles], [], names.DEFAULT_SCHEDULER_NAME).claims
     assert dict(claim.tiles) == {GPU: ("0.1",)} and dict(claim.share) == {GPU: capacity.Share(tiles=1)}
 
 
