@@ -149,3 +149,20 @@ def test_only_event_handlers_so_kopf_needs_no_diff_base() -> None:
     assert list(registry._changing.get_all_handlers()) == []
     assert list(registry._spawning.get_all_handlers()) == []
     assert len(list(registry._watching.get_all_handlers())) == 1  # nodes (groups, pods: our reflectors)
+
+
+def test_metrics_show_compute_and_memory_given_to_sharing_groups() -> None:
+    from deviceshare.core import capacity, ledger
+    from deviceshare.operator import metrics as metrics_
+    from tests.core import builders
+
+    book = ledger.DeviceLedger()
+    book.upsert_node(builders.node("n1", gpus=2, device_memory={"nvidia.com/gpu": 80 << 30}))
+    book.reserve(("ns", "a"), "n1", {"nvidia.com/gpu": ["0"]}, {"nvidia.com/gpu": capacity.Share(250, 20 << 30)})
+    book.reserve(("ns", "b"), "n1", {"nvidia.com/gpu": ["0"]}, {"nvidia.com/gpu": capacity.Share(500, 0)})
+    m = metrics_.Metrics()
+    m.bind_ledger(book)
+    text = m.exposition().decode()
+    assert 'deviceshare_shared_compute_allocated{node="n1",resource="nvidia.com/gpu"} 0.75' in text
+    assert 'deviceshare_shared_memory_allocated_bytes{node="n1",resource="nvidia.com/gpu"} 2.147483648e+10' in text
+    assert 'deviceshare_devices_free{node="n1",resource="nvidia.com/gpu"} 1.0' in text

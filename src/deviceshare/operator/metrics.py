@@ -19,7 +19,8 @@ logger = logging.getLogger(__name__)
 
 
 class _LedgerCollector(Collector):
-    """Free and allocated devices per node and resource, read from the ledger at scrape time."""
+    """Free and allocated devices, and the compute and memory given to sharing groups, per node and
+    resource, read from the ledger at scrape time."""
 
     def __init__(self) -> None:
         self.ledger: DeviceLedger | None = None
@@ -29,14 +30,27 @@ class _LedgerCollector(Collector):
         used = GaugeMetricFamily(
             "deviceshare_devices_allocated", "Devices held by a group", labels=["node", "resource"]
         )
+        compute = GaugeMetricFamily(
+            "deviceshare_shared_compute_allocated",
+            "Device compute given to sharing groups, in devices (0.25 = a quarter of one)", labels=["node", "resource"],
+        )
+        memory = GaugeMetricFamily(
+            "deviceshare_shared_memory_allocated_bytes", "Device memory given to sharing groups",
+            labels=["node", "resource"],
+        )
         if self.ledger is not None:
             for node in self.ledger.nodes():
                 for resource in node.devices:
                     n_free = len(self.ledger.free_devices(node.name, resource))
                     free.add_metric([node.name, resource], n_free)
                     used.add_metric([node.name, resource], self.ledger.capacity(node.name, resource) - n_free)
+                    milli, nbytes = self.ledger.shared_usage(node.name, resource)
+                    compute.add_metric([node.name, resource], milli / 1000)
+                    memory.add_metric([node.name, resource], nbytes)
         yield free
         yield used
+        yield compute
+        yield memory
 
 
 class Metrics:
