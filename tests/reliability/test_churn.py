@@ -47,15 +47,24 @@ def delete_pod(cluster: Any, pod: str, tally: Tally) -> None:
         cluster.delete("pods", pod, NS)
 
 
-async def actor(cluster: Any, index: int, until: float, seed: int, tally: Tally) -> None:
-    """One tenant: a group, a few members that come and go, then the group goes; again and again."""
+SHARES = ({"compute": "250m"}, {"compute": "500m", "memory": "20Gi"}, {"memory": "30Gi"}, {"compute": "0.75"})
+
+
+async def actor(cluster: Any, index: int, until: float, seed: int, tally: Tally, mixed: bool = False) -> None:
+    """One tenant: a group, a few members that come and go, then the group goes; again and again.
+
+    ``mixed``: half the groups take a share of one device (CONTRACT §7) instead of whole devices."""
     rng = random.Random(seed * 1000 + index)
     loop = asyncio.get_running_loop()
     round_ = 0
     while loop.time() < until:
         group = f"a{index}-r{round_}"
         round_ += 1
-        cluster.create(workload.group_body(NS, group, {workload.GPU: rng.choice((1, 1, 2, 3, 4))}))
+        if mixed and rng.random() < 0.5:
+            share = {workload.GPU: rng.choice(SHARES)}
+            cluster.create(workload.group_body(NS, group, {workload.GPU: rng.choice((1, 1, 2))}, share=share))
+        else:
+            cluster.create(workload.group_body(NS, group, {workload.GPU: rng.choice((1, 1, 2, 3, 4))}))
         tally.groups += 1
         pods: list[str] = []
         for step in range(rng.randint(2, 6)):
@@ -106,9 +115,15 @@ async def operator_footprint(replica: Replica) -> tuple[float, int]:
     return psutil.Process().memory_info().rss / 2**20, tasks
 
 
-async def churn(cluster: Any, seconds: float, actors: int, seed: int) -> tuple[list[str], Watchdog]:
+async def churn(
+    cluster: Any, seconds: float, actors: int, seed: int, mixed: bool = False
+) -> tuple[list[str], Watchdog]:
     """Run the churn; its watchdog is asserted here, in the test, not in a fixture's teardown."""
     workload.ensure_namespace(cluster, NS)
+    if mixed:  # the nodes declare 80Gi per GPU, so memory shares can be placed
+        for node in cluster.list("nodes"):
+            annotations = {"deviceshare.io/device-memory": '{"nvidia.com/gpu": "80Gi"}'}
+            cluster.patch("nodes", node["metadata"]["name"], {"metadata": {"annotations": annotations}})
     watchdog = Watchdog(cluster)
     watchdog.start()
     replica = await launch(operator_config(cluster))
@@ -119,7 +134,7 @@ async def churn(cluster: Any, seconds: float, actors: int, seed: int) -> tuple[l
         loop = asyncio.get_running_loop()
         start = loop.time()
         until = start + seconds
-        workers = [loop.create_task(actor(cluster, i, until, seed, tally)) for i in range(actors)]
+        workers = [loop.create_task(actor(cluster, i, until, seed, tally, mixed)) for i in range(actors)]
         while not all(w.done() for w in workers):
             await asyncio.sleep(min(60.0, max(1.0, seconds / 10)))
             expire_events(cluster)
@@ -178,6 +193,11 @@ async def churn(cluster: Any, seconds: float, actors: int, seed: int) -> tuple[l
 @pytest.mark.parametrize("seed", [1, pytest.param(2, marks=pytest.mark.slow)])
 async def test_churn_never_double_allocates(cluster: Any, seed: int) -> None:
     report, watchdog = await churn(cluster, seconds=5.0, actors=8, seed=seed)
+    assert watchdog.checks > 50, report
+
+
+async def test_churn_with_sharing_groups_never_overcommits(cluster: Any) -> None:
+    report, watchdog = await churn(cluster, seconds=5.0, actors=8, seed=3, mixed=True)
     assert watchdog.checks > 50, report
 
 
