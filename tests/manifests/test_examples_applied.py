@@ -39,7 +39,9 @@ class Stack:
 async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
     bundle = certs.generate(["127.0.0.1", "localhost"])
     _, cert, key = bundle.write(tmp_path / "tls")
-    async with Sandbox(nodes=4, gpus=8, kubelet_delay=0.01, kubeconfig_path=tmp_path / "kubeconfig") as cluster:
+    # The nodes publish their GPU memory as NVIDIA GPU feature discovery does (memory shares need it).
+    async with Sandbox(nodes=4, gpus=8, kubelet_delay=0.01, kubeconfig_path=tmp_path / "kubeconfig",
+                       labels={"nvidia.com/gpu.memory": "81920"}) as cluster:
         api = await connecting.api_client(str(cluster.kubeconfig))
         webhook = await server.start_webhook(tls_cert=cert, tls_key=key, api_client=api)
         operator = await start_operator(operator_config(cluster))
@@ -140,6 +142,14 @@ async def test_every_example_pod_runs_with_its_groups_devices(stack: Stack) -> N
         by_group.setdefault(key, set()).add(pod["metadata"]["annotations"][names.POD_SELECTED_DEVICES_ANNOTATION])
     assert all(len(selections) == 1 for selections in by_group.values()), by_group
     assert len(by_group[("serving", "inference")]) == 1
+    # The sharing examples: three services on one GPU by memory, four notebooks on one GPU by compute.
+    for ns, count, percentage in (("models", 3, "30"), ("notebooks", 4, "25")):
+        sharing = [p for p in await kube.pods() if p["metadata"]["namespace"] == ns]
+        assert len(sharing) == count
+        assert len({(p["spec"]["nodeName"], p["metadata"]["annotations"][names.POD_SELECTED_DEVICES_ANNOTATION])
+                    for p in sharing}) == 1, ns
+        assert {p["metadata"]["annotations"][names.env_annotation("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")]
+                for p in sharing} == {percentage}
 
     # The node example was applied over the sandbox's node: inspect shows its explicit device IDs.
     node = await kube._json(kube.core.read_node("gpu-node-1", _preload_content=False))

@@ -83,8 +83,9 @@ async def demo(args: argparse.Namespace) -> int:
     out = sys.stdout
     async with contextlib.AsyncExitStack() as stack:
         sandbox = await stack.enter_async_context(
+            # GPU memory published as NVIDIA GPU feature discovery does, so memory-share examples place.
             Sandbox(nodes=args.nodes, gpus=args.gpus, kubeconfig_path=args.kubeconfig.resolve(),
-                    kubelet_delay=0.2)
+                    kubelet_delay=0.2, labels={"nvidia.com/gpu.memory": "81920"})
         )
         print(f"sandbox: {args.nodes} nodes x {args.gpus} nvidia.com/gpu at {sandbox.url}", file=out)
         api = await connecting.api_client(str(sandbox.kubeconfig))
