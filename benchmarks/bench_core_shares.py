@@ -123,14 +123,15 @@ def run(quick: bool) -> str:
     cpu_ok = r["cpu_p99"] < bench_core.P99_TARGET_MS
     return f"""## Allocation core: placement with fractional shares ({nodes:,} nodes x {gpus} GPUs)
 
-`benchmarks/bench_core_shares.py`. The cluster of the first placement section (`bench_core.py`), with device memory declared
-(80Gi per H100, 40Gi per A100; one node in ten declares none), filled to ~70% with half whole-device
-groups (1,1,2,4,8 GPUs) and half sharing groups (one GPU; compute 100m..750m and/or memory 8..20Gi),
-then {decisions:,} groups arrive ({int(r["shares"])} of them sharing and placed) while a random older group
-leaves after each. **indexed** = `place_group` on every decision (partly used devices walked from the
-tightest fit for binpack, from the emptiest for spread; nodes with free GPUs by free count); **naive** =
-`place_linear` over all nodes, on the same snapshot, for every {every}th decision ({int(r["sampled"])} placed
-ones), which must decide the same. One process, GC on.
+`benchmarks/bench_core_shares.py`. The cluster of the first placement section (`bench_core.py`),
+with device memory declared (80Gi per H100, 40Gi per A100; one node in ten declares none), filled
+to ~70% with half whole-device groups (1,1,2,4,8 GPUs) and half sharing groups (one GPU; compute
+100m..750m and/or memory 8..20Gi). Then {decisions:,} groups arrive ({int(r["shares"])} of them sharing
+and placed) while a random older group leaves after each. **indexed** = `place_group` on every
+decision (partly used devices walked from the tightest fit for binpack, from the emptiest for spread;
+nodes with free GPUs by free count); **naive** = `place_linear` over all nodes, on the same snapshot,
+for every {every}th decision ({int(r["sampled"])} placed ones), which must decide the same. One
+process, GC on.
 
 | path (decisions that placed) | p50 (ms) | p99 (ms) | mean (ms) |
 |---|---:|---:|---:|

@@ -257,6 +257,9 @@ def test_reserve_refuses_what_does_not_fit_and_names_it() -> None:
     assert book.reserve(B, "a", {GPU: ["0"]}, {GPU: capacity.Share(300, 6 * GI)}).group == B  # idempotent
     with pytest.raises(ValueError, match="needs 1 distinct tiles"):
         book.reserve(C, "a", {GPU: ["0"]}, {GPU: capacity.Share(0, 0, 1)}, {GPU: []})
+    with pytest.raises(ValueError, match="does not take in tiles"):
+        book.reserve(C, "a", {GPU: ["0"]}, {GPU: capacity.Share(100)}, {GPU: ["0.0"]})
+    assert book.allocation(C) is None
 
 
 def test_rebuild_reports_over_commitment_and_mixing_and_keeps_every_claim() -> None:

@@ -132,3 +132,45 @@ async def test_a_dead_operators_late_status_write_never_shows_a_device_twice(
         invariants.assert_no_double_allocation(snap)
     finally:
         await kill(second)
+
+
+@pytest.mark.parametrize("step", list(STEPS))
+async def test_a_crash_at_each_step_keeps_a_share_held(cluster: Any, watchdog: Watchdog, step: str) -> None:
+    """The same crash for a sharing group: the restarted operator must still count the victim's share."""
+    workload.ensure_namespace(cluster, NS)
+    method, path = STEPS[step]
+    fault = cluster.inject_fault(method, path, delay=HOLD)
+    share = {workload.GPU: {"compute": "600m"}}
+    cluster.create(workload.group_body(NS, "victim", {workload.GPU: 1}, share=share))
+    cluster.create(workload.pod_body(NS, "victim-0", "victim"))
+
+    first = await launch(operator_config(cluster))
+    await workload.until(lambda: fault.fired, f"the operator to reach {step}", 10, 0.005)
+    await kill(first)
+    await asyncio.sleep(HOLD + 0.2)
+    watchdog.check()
+
+    # The rest of the node goes whole to a rival; a 500m share then fits nowhere (600m + 500m > 1).
+    cluster.create(workload.group_body(NS, "rival", {workload.GPU: 3}))
+    cluster.create(workload.pod_body(NS, "rival-0", "rival"))
+    second = await launch(operator_config(cluster))
+    try:
+        for pod in ("victim-0", "rival-0"):
+            await workload.until(lambda: node_of(cluster, pod), f"{pod} bound")  # noqa: B023 - awaited at once
+        cluster.create(workload.group_body(NS, "third", {workload.GPU: 1}, share={workload.GPU: {"compute": "500m"}}))
+        cluster.create(workload.pod_body(NS, "third-0", "third"))
+
+        def refused() -> str | None:
+            for c in (cluster.get("pods", "third-0", NS) or {}).get("status", {}).get("conditions") or []:
+                if c.get("reason") == "Unschedulable":
+                    return str(c.get("message"))
+            return None
+
+        message = await workload.until(refused, "third-0 refused: no device has 500m left")
+        assert message == "0/1 nodes are available: 1 insufficient nvidia.com/gpu compute."
+        await workload.until(
+            lambda: not invariants.half_bound(invariants.from_sandbox(cluster)), "members and group statuses agree"
+        )
+        invariants.assert_no_double_allocation(invariants.from_sandbox(cluster))
+    finally:
+        await kill(second)

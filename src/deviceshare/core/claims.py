@@ -136,6 +136,9 @@ def tiles_by_device(
     tiles: Mapping[str, tuple[str, ...]],
 ) -> dict[str, dict[str, tuple[int, ...]]]:
     """resource -> device -> tile indices; ValueError when tiles and devices do not match."""
+    stray = sorted(r for r in tiles if not (r in share and share[r].tiles))
+    if stray:
+        raise ValueError(f"tiles given for {stray}, which the allocation does not take in tiles")
     out: dict[str, dict[str, tuple[int, ...]]] = {}
     for resource, s in share.items():
         if resource not in devices:

@@ -243,6 +243,13 @@ class DeviceLedger:
         with self._lock:
             return self._uses.get((node, resource, device))
 
+    def shared_usage(self, node: str, resource: str) -> tuple[int, int]:
+        """(compute milli, memory bytes) given out to sharing groups on a node's devices of ``resource``."""
+        with self._lock:
+            info = self._info.get(node)
+            uses = [self._uses.get((node, resource, d)) for d in (info.devices.get(resource, ()) if info else ())]
+            return (sum(u.compute_milli for u in uses if u), sum(u.memory_bytes for u in uses if u))
+
     def free_devices(self, node: str, resource: str) -> tuple[str, ...]:
         """Devices nobody holds, whole or in part."""
         with self._lock:
