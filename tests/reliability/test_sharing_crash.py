@@ -74,3 +74,34 @@ async def test_a_kill_mid_burst_loses_no_share_and_doubles_none(cluster: Any, wa
                              "a waiting group placed in the released share")
     finally:
         await kill(second)
+
+
+async def test_an_overcommitted_device_found_at_start_is_reported_and_takes_nobody(cluster: Any) -> None:
+    """Statuses over a device's memory (written by hand, or the node's declared memory shrank) are shown as
+    they are: both groups keep their claim, each is told why, and no third sharer is put on the device."""
+    workload.ensure_namespace(cluster, NS)
+    for name, memory in (("a", "50Gi"), ("b", "40Gi")):
+        cluster.create(workload.group_body(NS, name, {workload.GPU: 1}, share={workload.GPU: {"memory": memory}}))
+        cluster.patch(names.PLURAL, name, {"status": {"phase": "Bound", "nodeName": "gpu-node-0",
+                                                      "allocatedDevices": {workload.GPU: ["0"]}}},
+                      NS, subresource="status")
+    replica = await launch(operator_config(cluster))
+    try:
+        def told(group: str) -> list[str]:
+            return [e["message"] for e in cluster.list("events", NS)
+                    if e["involvedObject"]["name"] == group and e["reason"] == "DeviceConflict"]
+
+        for group in ("a", "b"):
+            messages = await workload.until(lambda g=group: [m for m in told(g) if "more than" in m],  # type: ignore[misc]
+                                            f"{group} told about the over-commitment")
+            assert f"{workload.GPU} 0 on node gpu-node-0: memory 90Gi given out, more than the device's 80Gi" \
+                in messages[0]
+        cluster.create(workload.group_body(NS, "c", {workload.GPU: 1}, share={workload.GPU: {"compute": "100m"}}))
+        cluster.create(workload.pod_body(NS, "c-0", "c"))
+        pod = await workload.until(lambda: (cluster.get("pods", "c-0", NS) or {}).get("spec", {}).get("nodeName")
+                                   and cluster.get("pods", "c-0", NS), "c-0 placed elsewhere")
+        assert invariants.pod_devices(pod) != {workload.GPU: ["0"]} or pod["spec"]["nodeName"] != "gpu-node-0"
+        for name in ("a", "b"):  # nothing was resolved behind the users' backs
+            assert cluster.get(names.PLURAL, name, NS)["status"]["allocatedDevices"] == {workload.GPU: ["0"]}
+    finally:
+        await kill(replica)
