@@ -5,9 +5,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import hypothesis
+import hypothesis.strategies as st
 import pytest
 
-from deviceshare.api import names
+from deviceshare.api import models, names
+from deviceshare.core import capacity, inventory
+from deviceshare.core import ledger as ledgers
 from tests.reliability import invariants
 
 GPU = "nvidia.com/gpu"
@@ -126,3 +130,31 @@ def test_half_bound_finds_members_that_disagree_with_their_group() -> None:
     )
     found = invariants.half_bound(snap)
     assert [line.split()[1] for line in found] == ["ns/other", "ns/bare", "ns/orphan"]
+
+
+_SHARES = st.one_of(
+    st.none(),
+    st.fixed_dictionaries({"compute": st.sampled_from(["100m", "250m", "0.5", "600m", "1"])}),
+    st.fixed_dictionaries({"memory": st.sampled_from(["8Gi", "20Gi", "40Gi", "60Gi"])}),
+    st.fixed_dictionaries({"compute": st.sampled_from(["250m", "500m"]), "memory": st.sampled_from(["16Gi", "50Gi"])}),
+)
+
+
+@hypothesis.settings(max_examples=150, deadline=None)
+@hypothesis.given(st.lists(st.tuples(_SHARES, st.sampled_from(["0", "1"])), min_size=1, max_size=6))
+def test_the_checker_and_the_ledgers_rebuild_agree_on_which_devices_are_wrong(
+    held: list[tuple[dict[str, str] | None, str]]
+) -> None:
+    """The checker is written apart from deviceshare.core; on random holdings both must flag the same devices."""
+    groups = [group(f"g{i}", "n", [device], share) for i, (share, device) in enumerate(held)]
+    snapshot = invariants.Snapshot([node("n", gpus=2, memory_mib=81920)], groups, [])
+    flagged = {line.split()[3] for line in invariants.violations(snapshot)}
+    ledger = ledgers.DeviceLedger()
+    ledger.upsert_node(inventory.node_from_object({**snapshot.nodes[0], "metadata": {
+        **snapshot.nodes[0]["metadata"], "labels": {**snapshot.nodes[0]["metadata"]["labels"],
+                                                    names.NODE_MODE_LABEL: names.NODE_MODE_SHARED}}}))
+    report = ledger.rebuild([
+        ledgers.Claim(("ns", g["metadata"]["name"]), "n", g["status"]["allocatedDevices"], "status",
+                      capacity.shares_from_spec(models.GroupSpec.model_validate(g["spec"]).share))
+        for g in groups])
+    assert flagged == {c.device for c in report.conflicts}
