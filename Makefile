@@ -52,4 +52,4 @@ image:
 	docker build -t deviceshare:dev .
 
 clean:
-	rm -rf $(VENV) build dist src/*.egg-info .mypy_cache .ruff_cache
+	rm -rf $(VENV) build dist src/*.egg-info .mypy_cache .ruff_cache .pytest_cache .hypothesis .import_linter_cache .sandbox

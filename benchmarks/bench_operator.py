@@ -180,7 +180,7 @@ async def _run_operator(
 ) -> None:
     import kopf
 
-    from deviceshare.operator.command import run_operator
+    from deviceshare.operator.process import run_operator
 
     config = OperatorConfig(kubeconfig=kubeconfig, metrics_port=None)
     stop_flag, memo = asyncio.Event(), kopf.Memo()

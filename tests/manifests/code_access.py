@@ -4,7 +4,7 @@
   in ``operator/storage.py``; the method and the (f-string) path of each call are read from the AST
   and mapped to (apiGroup, resource, verb) as the API server's authorizer would.
 - Kopf, for the operator: the resources its registered handlers watch (from a real registry filled
-  by ``operator.handlers.register``), plus what Kopf itself needs in the mode ``operator/command.py``
+  by ``operator.handlers.register``), plus what Kopf itself needs in the mode ``operator/process.py``
   starts it in (cluster-wide or not, read from the ``kopf.operator(...)`` call): the CRD watch, event
   posting, the peering object; and namespaces only when it is not cluster-wide (kopf's
   ``_core/reactor/observation.py`` skips the namespace scan when cluster-wide).
@@ -29,7 +29,7 @@ from deviceshare.operator.config import OperatorConfig
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "deviceshare"
 STORAGE = SRC / "operator" / "storage.py"
-COMMAND = SRC / "operator" / "command.py"
+COMMAND = SRC / "operator" / "process.py"
 WEBHOOK_CACHE = SRC / "webhooks" / "groups.py"
 
 _VERB_BY_METHOD = {"POST": "create", "PATCH": "patch", "PUT": "update", "DELETE": "delete"}

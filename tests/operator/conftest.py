@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from deviceshare.operator.command import OperatorThread
 from deviceshare.operator.config import OperatorConfig
+from deviceshare.operator.process import OperatorThread
 from deviceshare.sandbox import Sandbox
 from tests.operator.kube import Kube
 

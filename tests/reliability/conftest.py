@@ -12,8 +12,8 @@ from typing import Any
 import kopf
 import pytest
 
-from deviceshare.operator.command import run_operator
 from deviceshare.operator.config import OperatorConfig
+from deviceshare.operator.process import run_operator
 from tests.operator.conftest import cluster, kube, sandbox_options
 from tests.reliability import invariants
 

@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import yaml
 
+from deviceshare import errors
+
 if TYPE_CHECKING:
     from deviceshare.api import models
 
@@ -59,7 +61,7 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _RESOURCE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 
 
-class EnvNameConfigError(ValueError):
+class EnvNameConfigError(errors.ConfigError, ValueError):
     """The env-name mapping given by an admin is malformed."""
 
 
@@ -132,7 +134,10 @@ class EnvNames:
     @classmethod
     def from_file(cls, path: str | Path) -> EnvNames:
         """Load overrides from a YAML or JSON file: ``{envNames: {KEY: [ENV, ...]}}`` or the bare map."""
-        text = Path(path).read_text()
+        try:
+            text = Path(path).read_text()
+        except OSError as e:
+            raise EnvNameConfigError(f"cannot read the env-name mapping {path} (--env-config): {e.strerror}") from e
         try:
             data: Any = yaml.safe_load(text) if text.strip() else {}
         except yaml.YAMLError as e:

@@ -5,8 +5,8 @@ the sandbox as a MutatingWebhookConfiguration, so pod creations really go throug
 operator; applies ``examples/``; waits until every example pod is bound; then prints the groups, the
 pods with the device IDs their containers will see, and the per-node device map.
 
-The sandbox has no controller-manager, so a Deployment's pods are created from its template by the
-demo itself (said so in the output) — on a real cluster the ReplicaSet controller does that.
+A Deployment's pods are made by the sandbox's small Deployment controller (through the webhook, as a
+ReplicaSet's are), named ``<deployment>-<n>``.
 """
 
 from __future__ import annotations
@@ -14,37 +14,37 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import copy
 import logging
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from deviceshare.api import names
 from deviceshare.cli import inspect as inspect_cmd
-from deviceshare.kube import applying, connecting
-from deviceshare.operator.command import OperatorThread
 from deviceshare.operator.config import OperatorConfig
-from deviceshare.sandbox import Sandbox, identity
-from deviceshare.sandbox.cluster import INTEL_RESOURCE as INTEL
-from deviceshare.webhooks import certs, configuration, server
+
+if TYPE_CHECKING:
+    from deviceshare.sandbox.cluster import Sandbox
 
 ROOT = Path(__file__).resolve().parents[3]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--nodes", type=int, default=4, help="simulated GPU nodes (default 4)")
-    parser.add_argument("--gpus", type=int, default=8, help="GPUs per node (default 8)")
+    parser.add_argument("--nodes", type=int, default=4, help="simulated GPU nodes")
+    parser.add_argument("--gpus", type=int, default=8, help="GPUs per node")
     parser.add_argument(
         "--examples", type=Path, default=ROOT / "examples", help="folder of example manifests to apply"
     )
-    parser.add_argument("--kubeconfig", type=Path, default=Path(".sandbox/demo-kubeconfig"))
-    parser.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for every pod to bind")
+    parser.add_argument(
+        "--kubeconfig", metavar="FILE", type=Path, default=Path(".sandbox/demo-kubeconfig"),
+        help="where to write the demo cluster's kubeconfig (for kubectl, with --keep-running)",
+    )
+    parser.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for every pod to be bound")
     parser.add_argument(
         "--keep-running", action="store_true",
         help="keep the cluster up after showing the result (point kubectl at the printed kubeconfig)",
@@ -75,25 +75,20 @@ def _admission_policies() -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all(path.read_text()) if isinstance(d, dict)]
 
 
-def _pods_of_deployment(deployment: dict[str, Any]) -> list[dict[str, Any]]:
-    meta, spec = deployment["metadata"], deployment["spec"]
-    template = spec["template"]
-    pods = []
-    for i in range(int(spec.get("replicas", 1))):
-        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": copy.deepcopy(template.get("metadata") or {}),
-               "spec": copy.deepcopy(template["spec"])}
-        pod["metadata"].update(name=f"{meta['name']}-{i}", namespace=meta.get("namespace", "default"))
-        pods.append(pod)
-    return pods
-
-
 async def demo(args: argparse.Namespace) -> int:
+    # Imported here, not at the top: `deviceshare demo --help` need not load all of it.
+    from deviceshare.kube import applying, connecting
+    from deviceshare.operator.process import OperatorThread
+    from deviceshare.sandbox import Sandbox, identity
+    from deviceshare.sandbox.cluster import INTEL_RESOURCE as INTEL
+    from deviceshare.webhooks import certs, configuration, server
+
     started = time.perf_counter()
     out = sys.stdout
     async with contextlib.AsyncExitStack() as stack:
         sandbox = await stack.enter_async_context(
             Sandbox(nodes=args.nodes, gpus=args.gpus, kubeconfig_path=args.kubeconfig.resolve(),
-                    kubelet_delay=0.2, shared_taint=True, intel_nodes=1)
+                    kubelet_delay=0.2, shared_taint=True, deployments=True, intel_nodes=1)
         )
         policies = _admission_policies()  # as a cluster installed from manifests/base runs them
         for doc in policies:
@@ -129,12 +124,9 @@ async def demo(args: argparse.Namespace) -> int:
         for obj in _manifests(args.examples):
             if obj.get("kind") == "Deployment":
                 await applying.apply(api, obj)
-                replicas = _pods_of_deployment(obj)
-                print(f"  (no controller-manager in the sandbox: creating Deployment "
-                      f"{obj['metadata']['name']}'s {len(replicas)} pods from its template)", file=out)
-                for pod in replicas:
-                    await applying.apply(api, pod)
-                    pods.append((pod["metadata"]["namespace"], pod["metadata"]["name"]))
+                replicas = int((obj.get("spec") or {}).get("replicas", 1))
+                ns = obj["metadata"].get("namespace", "default")
+                pods += [(ns, f"{obj['metadata']['name']}-{i}") for i in range(replicas)]
                 continue
             created = await applying.apply(api, obj)
             if obj.get("kind") == "Pod":

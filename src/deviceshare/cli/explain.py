@@ -15,15 +15,16 @@ import json
 import re
 import sys
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
-from kubernetes_asyncio import client as k8s
 
 from deviceshare.api import names
 from deviceshare.cli import inspect as inspect_
 from deviceshare.core import inventory, reasons
-from deviceshare.kube import connecting, rest
+
+if TYPE_CHECKING:
+    from kubernetes_asyncio import client as k8s
 
 _COUNTED = re.compile(r"^\d+/\d+ nodes are available: (?P<reasons>.*?)\.?$")
 _REASON = re.compile(r"^(?P<count>\d+) (?P<reason>.+)$")
@@ -215,7 +216,8 @@ def explain(facts: Facts) -> list[str]:
                  if status.get("nodeName") else "not placed yet")
         limit = (group.get("spec") or {}).get("maxMembers") or 0
         members = status.get("members") or []
-        lines.append(f"Group {ns}/{group_name}: phase {status.get('phase', names.PHASE_PENDING)}, {where}; "
+        shown_phase = status.get("phase") or "none yet (no status: is the operator running?)"
+        lines.append(f"Group {ns}/{group_name}: phase {shown_phase}, {where}; "
                      f"members {len(members)}{f'/{limit}' if limit else ''}"
                      + (f" ({', '.join(members)})" if members else "") + ".")
         for c in status.get("conditions") or []:
@@ -236,6 +238,8 @@ def explain(facts: Facts) -> list[str]:
 
 
 async def read_facts(api: k8s.ApiClient, namespace: str, pod_name: str) -> Facts:
+    from deviceshare.kube import rest  # the client library loads on use: `--help` stays fast
+
     pod = await inspect_.get_json(api, f"/api/v1/namespaces/{namespace}/pods/{pod_name}")
     group_name = _group_name(pod)
     group = None
@@ -260,12 +264,16 @@ async def read_facts(api: k8s.ApiClient, namespace: str, pod_name: str) -> Facts
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("pod", metavar="POD", help="the pod's name")
     parser.add_argument("-n", "--namespace", help="the pod's namespace (default: the kubeconfig context's)")
-    parser.add_argument("--kubeconfig", help="kubeconfig file (default: KUBECONFIG, ~/.kube/config, in-cluster)")
-    parser.add_argument("--context", help="kubeconfig context to use")
+    parser.add_argument(
+        "--kubeconfig", metavar="FILE", help="kubeconfig file (default: KUBECONFIG, ~/.kube/config, in-cluster)"
+    )
+    parser.add_argument("--context", help="kubeconfig context (default: the kubeconfig's current context)")
 
 
 def _default_namespace(kubeconfig: str | None, context: str | None) -> str:
     """The namespace of the kubeconfig's current (or given) context, as kubectl picks it."""
+    from deviceshare.kube import connecting
+
     for path in connecting.kubeconfig_paths(kubeconfig):
         with open(path) as f:
             cfg = yaml.safe_load(f) or {}
@@ -277,11 +285,15 @@ def _default_namespace(kubeconfig: str | None, context: str | None) -> str:
 
 
 async def run_async(kubeconfig: str | None, namespace: str, pod: str, *, context: str | None = None) -> list[str]:
+    from deviceshare.kube import connecting
+
     async with await connecting.api_client(kubeconfig, context=context) as api:
         return explain(await read_facts(api, namespace, pod))
 
 
 def run(args: argparse.Namespace) -> int:
+    from deviceshare.kube import rest
+
     try:
         namespace = args.namespace or _default_namespace(args.kubeconfig, args.context)
         lines = asyncio.run(run_async(args.kubeconfig, namespace, args.pod, context=args.context))
@@ -291,8 +303,8 @@ def run(args: argparse.Namespace) -> int:
         else:
             print(f"deviceshare explain: {e.status} {e.message}", file=sys.stderr)
         return 1
-    except (connecting.ClusterNotFound, OSError) as e:
-        print(f"deviceshare explain: {e}", file=sys.stderr)
+    except OSError as e:  # the API server did not answer (a missing kubeconfig is the CLI's ConfigError)
+        print(f"deviceshare explain: cannot reach the API server: {e}", file=sys.stderr)
         return 1
     print("\n".join(lines))
     return 0

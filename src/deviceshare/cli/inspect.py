@@ -20,14 +20,14 @@ import dataclasses
 import json
 import sys
 from collections.abc import Mapping, Sequence
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-import pydantic
-from kubernetes_asyncio import client as k8s
-
-from deviceshare.api import models, names, quantities
+from deviceshare.api import names, quantities
+from deviceshare.cli import shareview
 from deviceshare.core import capacity, inventory
-from deviceshare.kube import connecting, rest
+
+if TYPE_CHECKING:
+    from kubernetes_asyncio import client as k8s
 
 FREE = "-"
 CONFLICT = "CONFLICT"
@@ -142,22 +142,6 @@ def _holder(group: Mapping[str, Any]) -> Holder:
     )
 
 
-def _shares(group: Mapping[str, Any]) -> dict[str, capacity.Share]:
-    """The group's share per resource; none for a spec that does not parse (shown as whole)."""
-    try:
-        spec = models.GroupSpec.model_validate(group.get("spec") or {})
-    except pydantic.ValidationError:
-        return {}
-    return capacity.shares_from_spec(spec.share)
-
-
-def _tiles(status: Mapping[str, Any], resource: str) -> dict[str, tuple[int, ...]]:
-    try:
-        return capacity.parse_tile_ids([str(t) for t in (status.get("allocatedTiles") or {}).get(resource) or []])
-    except ValueError:
-        return {}
-
-
 def device_map(nodes: Sequence[Mapping[str, Any]], groups: Sequence[Mapping[str, Any]]) -> list[NodeDevices]:
     """Per node: every device and the groups whose status holds it.
 
@@ -170,9 +154,9 @@ def device_map(nodes: Sequence[Mapping[str, Any]], groups: Sequence[Mapping[str,
         node = status.get("nodeName")
         if not node:
             continue
-        holder, shares = _holder(group), _shares(group)
+        holder, shares = _holder(group), shareview.shares(group)
         for resource, ids in (status.get("allocatedDevices") or {}).items():
-            tiles = _tiles(status, resource)
+            tiles = shareview.tiles(status, resource)
             for device_id in ids or []:
                 held = dataclasses.replace(holder, share=shares.get(resource), tiles=tiles.get(str(device_id), ()))
                 claims.setdefault(str(node), {}).setdefault(resource, {}).setdefault(str(device_id), []).append(held)
@@ -208,6 +192,8 @@ def device_map(nodes: Sequence[Mapping[str, Any]], groups: Sequence[Mapping[str,
 
 
 async def get_json(api: k8s.ApiClient, path: str) -> Any:
+    from deviceshare.kube import rest  # the client library loads on use: `--help` stays fast
+
     return await rest.call(api, "GET", path)
 
 
@@ -246,7 +232,7 @@ def to_json(nodes: Sequence[NodeDevices]) -> dict[str, Any]:
                                 **({"left": d.left()} if d.left() else {}),
                                 "groups": [
                                     {"namespace": h.namespace, "name": h.name, "phase": h.phase,
-                                     "members": list(h.members), **_share_json(h)}
+                                     "members": list(h.members), **shareview.share_json(h.share, h.tiles)}
                                     for h in d.holders
                                 ],
                             }
@@ -263,19 +249,6 @@ def to_json(nodes: Sequence[NodeDevices]) -> dict[str, Any]:
             for n in nodes for r, devices in n.resources.items() for d in devices if d.conflict
         ],
     }
-
-
-def _share_json(h: Holder) -> dict[str, Any]:
-    if h.share is None:
-        return {}
-    share: dict[str, Any] = {}
-    if h.share.tiles:
-        share = {"tiles": h.share.tiles, "tileIndices": list(h.tiles)}
-    if h.share.compute_milli:
-        share["compute"] = quantities.format_milli(h.share.compute_milli)
-    if h.share.memory_bytes:
-        share["memory"] = quantities.format_bytes(h.share.memory_bytes)
-    return {"share": share}
 
 
 def print_table(rows: Sequence[Sequence[str]], out: TextIO) -> None:
@@ -318,15 +291,19 @@ def render_table(nodes: Sequence[NodeDevices], out: TextIO) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--kubeconfig", help="kubeconfig file (default: KUBECONFIG, ~/.kube/config, in-cluster)")
-    parser.add_argument("--context", help="kubeconfig context to use")
-    parser.add_argument("--node", action="append", metavar="NODE", help="only this node (repeatable)")
-    parser.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    parser.add_argument(
+        "--kubeconfig", metavar="FILE", help="kubeconfig file (default: KUBECONFIG, ~/.kube/config, in-cluster)"
+    )
+    parser.add_argument("--context", help="kubeconfig context (default: the kubeconfig's current context)")
+    parser.add_argument("--node", action="append", metavar="NODE", help="only this node (repeatable; default: all)")
+    parser.add_argument("-o", "--output", choices=("table", "json"), default="table", help="output format")
 
 
 async def inspect(
     kubeconfig: str | None, *, context: str | None = None, only: Sequence[str] | None = None
 ) -> list[NodeDevices]:
+    from deviceshare.kube import connecting
+
     async with await connecting.api_client(kubeconfig, context=context) as api:
         snap = await read_snapshot(api, pods=False)
     nodes = device_map(snap.nodes, snap.groups)
@@ -334,10 +311,15 @@ async def inspect(
 
 
 def run(args: argparse.Namespace) -> int:
+    from deviceshare.kube import rest
+
     try:
         nodes = asyncio.run(inspect(args.kubeconfig, context=args.context, only=args.node))
-    except (connecting.ClusterNotFound, rest.ApiError, OSError) as e:
+    except rest.ApiError as e:
         print(f"deviceshare inspect: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:  # the API server did not answer (a missing kubeconfig is the CLI's ConfigError)
+        print(f"deviceshare inspect: cannot reach the API server: {e}", file=sys.stderr)
         return 1
     if args.node and not nodes:
         print(f"deviceshare inspect: no such shared node: {', '.join(args.node)}", file=sys.stderr)

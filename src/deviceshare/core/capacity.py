@@ -15,9 +15,13 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from deviceshare.api import models, quantities
+from deviceshare.api import quantities
 from deviceshare.core import inventory, reasons
+
+if TYPE_CHECKING:  # annotations only: `deviceshare inspect --help` need not load pydantic
+    from deviceshare.api import models
 
 GroupKey = tuple[str, str]
 COMPUTE_FULL = 1000  # milli: one device's compute

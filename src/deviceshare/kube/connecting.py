@@ -5,6 +5,9 @@ Precedence follows client-go's loading rules: an explicit ``--kubeconfig`` path,
 only when none of those exists the in-cluster service account. ``KUBECONFIG`` is read at call time,
 not at import time as ``kubernetes_asyncio.config`` does, so tests and the demo can point a fresh
 client at a fresh cluster within one process.
+
+A kubeconfig or context that cannot be found is a :class:`ClusterNotFound` (a
+:class:`~deviceshare.errors.ConfigError`): one line naming the flag to fix, never a library traceback.
 """
 
 from __future__ import annotations
@@ -14,16 +17,18 @@ from pathlib import Path
 
 from kubernetes_asyncio import client, config
 
+from deviceshare import errors
 
-class ClusterNotFound(RuntimeError):
-    """Neither a kubeconfig nor an in-cluster service account could be found."""
+
+class ClusterNotFound(errors.ConfigError):
+    """Neither a kubeconfig nor an in-cluster service account could be found, or the context is missing."""
 
 
 def kubeconfig_paths(kubeconfig: str | None = None) -> list[str]:
     """The existing kubeconfig files that kubectl would read, in merge order."""
     if kubeconfig:
         if not Path(kubeconfig).expanduser().exists():
-            raise ClusterNotFound(f"kubeconfig {kubeconfig!r} does not exist")
+            raise ClusterNotFound(f"kubeconfig {kubeconfig} does not exist (--kubeconfig)")
         return [str(Path(kubeconfig).expanduser())]
     env = os.environ.get("KUBECONFIG", "")
     if env:
@@ -44,18 +49,33 @@ async def configuration(kubeconfig: str | None = None, *, context: str | None = 
     paths = kubeconfig_paths(kubeconfig)
     cfg = client.Configuration()
     if paths:
-        await config.load_kube_config(
-            config_file=os.pathsep.join(paths),
-            context=context,
-            client_configuration=cfg,
-            persist_config=False,
-        )
+        try:
+            await config.load_kube_config(
+                config_file=os.pathsep.join(paths),
+                context=context,
+                client_configuration=cfg,
+                persist_config=False,
+            )
+        except config.ConfigException as e:
+            where = ", ".join(paths)
+            if context and "context" in str(e).lower():
+                raise ClusterNotFound(
+                    f"context {context!r} not found in {where} (--context; `kubectl config get-contexts` lists them)"
+                ) from e
+            raise ClusterNotFound(f"kubeconfig {where} is not usable: {e} (--kubeconfig, --context)") from e
         return cfg
+    if context:
+        raise ClusterNotFound(f"context {context!r} given but no kubeconfig found (--kubeconfig or KUBECONFIG)")
     if in_cluster():
-        config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+        try:
+            config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+        except config.ConfigException as e:
+            raise ClusterNotFound(
+                f"in-cluster config unusable: {e} (mount the service account, or --kubeconfig)"
+            ) from e
         return cfg
     raise ClusterNotFound(
-        "no kubeconfig found (--kubeconfig, KUBECONFIG, ~/.kube/config) and not running in a cluster"
+        "no kubeconfig found and not running in a cluster (--kubeconfig, KUBECONFIG or ~/.kube/config)"
     )
 
 

@@ -15,6 +15,7 @@ class OperatorConfig:
     namespace: str = names.DEFAULT_NAMESPACE
     env_names: envnames.EnvNames = dataclasses.field(default_factory=envnames.EnvNames)
     kubeconfig: str | None = None
+    context: str | None = None  # kubeconfig context (None: the kubeconfig's current context)
     # How many pods may be in their API-write phase at once (decisions themselves are serial per group).
     workers: int = 32
     # Backoff for a pod that could not be placed: doubles from initial to max; any cluster change that
@@ -45,6 +46,10 @@ class OperatorConfig:
     election_settle: float = 2.0
     # Kopf keeps a per-object worker this long after its last event (and waits for them when stopping).
     worker_idle_timeout: float = 5.0
+    # Start-up: while the API does not answer, tries are spaced by a doubling delay capped here, so the
+    # operator is working within seconds of the API coming up (Kopf's own retry waits 60 s).
+    startup_backoff_initial: float = 0.5
+    startup_backoff_max: float = 10.0
     metrics_host: str = "0.0.0.0"
     metrics_port: int | None = 8080
 

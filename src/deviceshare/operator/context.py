@@ -11,6 +11,7 @@ from contextlib import asynccontextmanager
 
 from deviceshare.core import ledger as ledgers
 
+from . import events as events_
 from . import metrics as metrics_
 from . import state as state_
 from . import storage
@@ -60,7 +61,8 @@ class Context:
     unschedulable: dict[state_.GroupKey, str] = dataclasses.field(default_factory=dict)
     # Groups whose devices are also claimed by another group (found at rebuild): key -> other holders.
     conflicts: dict[state_.GroupKey, set[state_.GroupKey]] = dataclasses.field(default_factory=dict)
-    # Events are posted in the background so a slow API never holds a group lock.
+    # Events are posted in the background so a slow API never holds a group lock; repeats are counted.
+    recorder: events_.EventRecorder = dataclasses.field(default_factory=events_.EventRecorder)
     background: set[asyncio.Task[None]] = dataclasses.field(default_factory=set)
     _events: collections.deque[tuple[state_.PodRecord | state_.GroupRecord, str, str, bool]] = dataclasses.field(
         default_factory=collections.deque
@@ -91,7 +93,8 @@ class Context:
         self, obj: state_.PodRecord | state_.GroupRecord, reason: str, message: str, warning: bool
     ) -> None:
         is_pod = isinstance(obj, state_.PodRecord)
-        await self.api.emit_event(
+        await self.recorder.record(
+            self.api,
             kind="Pod" if is_pod else "SharedDeviceGroup",
             api_version="v1" if is_pod else "deviceshare.io/v1alpha1",
             namespace=obj.key[0],

@@ -19,10 +19,9 @@ from kubernetes_asyncio import client as k8s
 from deviceshare.api import names
 from deviceshare.kube import connecting
 
-from . import storage
+from . import startup as startup_
 from .config import OperatorConfig
-from .context import Context
-from .metrics import MetricsServer
+from .metrics import Metrics
 from .runtime import Runtime
 
 logger = logging.getLogger("deviceshare.operator")
@@ -65,7 +64,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
 
     @kopf.on.login(registry=registry)
     async def login(**_: Any) -> kopf.ConnectionInfo:
-        return connection_info(await connecting.configuration(config.kubeconfig))
+        return connection_info(await connecting.configuration(config.kubeconfig, context=config.context))
 
     @kopf.on.startup(registry=registry)
     async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
@@ -82,15 +81,9 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
         settings.peering.stealth = True
         # Peered replicas must not silently fall back to standalone when the peering object is missing.
         settings.peering.mandatory = config.peering_name is not None
-        api = storage.ClusterApi(await connecting.api_client(config.kubeconfig))
-        ctx = Context(config=config, api=api)
-        runtime = Runtime(ctx)
-        memo.runtime = runtime
-        if config.metrics_port is not None:
-            server = MetricsServer(ctx.metrics, healthy=lambda: runtime.started)
-            await server.start(config.metrics_host, config.metrics_port)
-            memo.metrics_server = server
-        await runtime.start(identity=config.identity)
+        # Retried here with capped backoff until the API answers (Kopf would wait 60 s between tries).
+        metrics: Metrics | None = getattr(memo, "metrics", None)
+        memo.runtime = await startup_.start_runtime(config, metrics if metrics is not None else Metrics())
 
     @kopf.on.cleanup(registry=registry)
     async def cleanup(memo: kopf.Memo, **_: Any) -> None:
@@ -98,9 +91,6 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
         if runtime is not None:
             await runtime.stop()
             await runtime.ctx.api.close()
-        server: MetricsServer | None = getattr(memo, "metrics_server", None)
-        if server is not None:
-            await server.stop()
 
     @kopf.on.event("v1", "nodes", registry=registry)
     async def node_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:

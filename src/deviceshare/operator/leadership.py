@@ -71,15 +71,17 @@ class Leadership:
         self._on_deposed = on_deposed
         self._interval = interval
         self.active = asyncio.Event()
+        self.connected = False  # the last read of the peering object succeeded (for /readyz)
 
     async def run(self) -> None:
         while True:
             try:
                 status = await self._read()
                 leader = status is not None and is_leader(status, self.identity, self.priority)
+                self.connected = True
             except Exception as e:  # cannot tell: stand down until we can
                 logger.warning("cannot read the peering object: %s; standing by", e)
-                leader = False
+                leader = self.connected = False
             if leader and not self.active.is_set():
                 logger.info("%s is now the active replica: rebuilding the ledger before scheduling", self.identity)
                 try:

@@ -1,4 +1,4 @@
-"""Prometheus metrics of the operator (names prefixed ``deviceshare_``) and the /metrics + /healthz server."""
+"""Prometheus metrics of the operator (names prefixed ``deviceshare_``) and the /metrics, /healthz, /readyz server."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from deviceshare import errors
 from deviceshare.core import capacity
 
 if TYPE_CHECKING:
@@ -136,36 +137,53 @@ class Metrics:
 
 
 class MetricsServer:
-    """Serves /metrics and /healthz (liveness: the event loop answers and the operator is started)."""
+    """Serves /metrics and the probes, from before the operator first reaches the API until it exits.
 
-    def __init__(self, metrics: Metrics, healthy: Callable[[], bool]) -> None:
+    ``/healthz`` (liveness) answers 200 whenever the event loop answers at all: an API server that is down
+    is no reason to restart the operator, which waits it out by itself. ``/readyz`` (readiness) answers 200
+    only once ``ready()`` says the operator is connected and serving (see ``startup.ready``).
+    """
+
+    def __init__(self, metrics: Metrics, ready: Callable[[], bool]) -> None:
         self._metrics = metrics
-        self._healthy = healthy
+        self._ready = ready
         self._runner: web.AppRunner | None = None
         self.port: int | None = None
 
     async def start(self, host: str, port: int) -> None:
+        """Bind ``host:port``; a port that is taken is a :class:`~deviceshare.errors.ConfigError`."""
         app = web.Application()
         app.router.add_get("/metrics", self._serve_metrics)
         app.router.add_get("/healthz", self._serve_health)
+        app.router.add_get("/readyz", self._serve_ready)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, port)
-        await site.start()
+        try:
+            await site.start()
+        except OSError as e:
+            await self.stop()
+            raise errors.ConfigError(
+                f"cannot serve metrics on {host}:{port}: {e.strerror or e} (--metrics-port, --metrics-host)"
+            ) from e
         server = site._server
         sockets = getattr(server, "sockets", None) or []
         self.port = int(sockets[0].getsockname()[1]) if sockets else port
-        logger.info("metrics and health on http://%s:%s", host, self.port)
+        logger.info("metrics and probes on http://%s:%s (/metrics, /healthz, /readyz)", host, self.port)
 
     async def stop(self) -> None:
         if self._runner is not None:
-            await self._runner.cleanup()
+            runner, self._runner = self._runner, None
+            await runner.cleanup()
 
     async def _serve_metrics(self, request: web.Request) -> web.Response:
         return web.Response(body=self._metrics.exposition(), content_type="text/plain", charset="utf-8",
                             headers={"X-Generated": str(time.time())})
 
     async def _serve_health(self, request: web.Request) -> web.Response:
-        if self._healthy():
+        return web.Response(text="ok")
+
+    async def _serve_ready(self, request: web.Request) -> web.Response:
+        if self._ready():
             return web.Response(text="ok")
-        return web.Response(status=503, text="not ready")
+        return web.Response(status=503, text="not ready: not yet connected to the API server")

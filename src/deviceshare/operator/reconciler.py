@@ -233,8 +233,9 @@ class GroupReconciler:
         gkey = group.key
         allocation = ctx.ledger.allocation(gkey)
         live = ctx.state.live_members(gkey)
+        skipped = skipped_webhook(live, ctx.config.scheduler_name)
         if allocation is None and not group.status.conditions and gkey not in ctx.unschedulable and not group.deleting:
-            if any(not p.node_name for p in live):
+            if any(not p.node_name and p not in skipped for p in live):
                 return  # a brand-new group whose pod is being placed: the placement writes its first status
             # Brand new and no member yet: its pods usually follow within moments (one kubectl apply), and
             # then the placement writes the first status; say WaitingForMembers only if they do not.
@@ -254,6 +255,9 @@ class GroupReconciler:
         elif gkey in ctx.unschedulable:
             phase = phase or names.PHASE_PENDING
             scheduled = ("False", "Unschedulable", ctx.unschedulable[gkey])
+        elif skipped:
+            phase = phase or names.PHASE_PENDING
+            scheduled = ("False", "PodsSkippedWebhook", skipped_message(skipped, ctx.config.scheduler_name))
         else:
             phase = phase or names.PHASE_PENDING
             scheduled = ("False", "WaitingForMembers",
@@ -305,4 +309,19 @@ class GroupReconciler:
         except storage.Gone:
             return
         ctx.state.upsert_group(state_.group_record(body))
+
+
+def skipped_webhook(pods: list[state_.PodRecord], scheduler_name: str) -> list[state_.PodRecord]:
+    """Members that name the group but not our scheduler: created without the webhook (the most common
+    set-up mistake: the webhook not installed yet, or not running). Nobody will give them devices."""
+    return [p for p in pods if p.scheduler_name != scheduler_name and not p.deleting]
+
+
+def skipped_message(pods: list[state_.PodRecord], scheduler_name: str) -> str:
+    shown = ", ".join(p.name for p in pods[:5]) + (f" and {len(pods) - 5} more" if len(pods) > 5 else "")
+    return (
+        f"pods {shown} name this group but were created without the deviceshare webhook (schedulerName is "
+        f"{pods[0].scheduler_name!r}, not {scheduler_name!r}): check that the webhook runs and its "
+        "MutatingWebhookConfiguration is installed, then delete and recreate the pods"
+    )
 

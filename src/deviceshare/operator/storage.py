@@ -243,13 +243,15 @@ class ClusterApi:
         message: str,
         type_: str = "Normal",
         component: str = names.DEFAULT_SCHEDULER_NAME,
-    ) -> None:
-        """Best effort, like kube-scheduler's recorder: a lost event is logged, never fatal."""
+    ) -> str | None:
+        """Best effort, like kube-scheduler's recorder: a lost event is logged, never fatal. Returns the
+        Event's name (None if it could not be posted); repeats are counted by ``events.EventRecorder``."""
         ts = now_rfc3339()
+        event_name = f"{name}.{secrets.token_hex(8)}"
         body = {
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": {"name": f"{name}.{secrets.token_hex(8)}", "namespace": namespace},
+            "metadata": {"name": event_name, "namespace": namespace},
             "involvedObject": {
                 "kind": kind, "apiVersion": api_version, "namespace": namespace, "name": name, "uid": uid,
             },
@@ -269,6 +271,21 @@ class ClusterApi:
             )
         except Exception as e:  # events are advisory
             logger.warning("could not post event %s for %s %s/%s: %s", reason, kind, namespace, name, e)
+            return None
+        return event_name
+
+    async def count_event(self, namespace: str, event_name: str, count: int) -> bool:
+        """Set an Event's ``count`` and bump its ``lastTimestamp``; False if it is gone (or the write failed)."""
+        try:
+            await self._call(
+                "PATCH", f"/api/v1/namespaces/{namespace}/events/{event_name}", f"event {event_name}",
+                {"count": count, "lastTimestamp": now_rfc3339()}, content_type=MERGE_PATCH,
+            )
+        except Exception as e:  # events are advisory; a missing one is posted anew by the caller
+            if not isinstance(e, Gone):
+                logger.warning("could not count event %s/%s: %s", namespace, event_name, e)
+            return False
+        return True
 
 
 def _segment(name: str) -> str:

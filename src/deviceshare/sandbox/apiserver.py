@@ -3,8 +3,9 @@
 kmock gives the server (aiohttp on a loopback port), request parsing and its reaction DSL;
 reactions added with that DSL (``sandbox.api[...] << ...``) still take precedence, so tests can
 script odd answers. Everything else is routed here the way kube-apiserver routes it: discovery,
-CRUD on collections and objects, ``status`` and ``binding`` subresources, watches with
-resourceVersion resume, bookmarks, 410 Gone and ``timeoutSeconds``, and Table output.
+CRUD on collections and objects, ``status``, ``binding`` and ``scale`` subresources, server-side dry
+run (``dryRun=All``: see ``store.DRY_RUN``), watches with resourceVersion resume, bookmarks, 410 Gone
+and ``timeoutSeconds``, and Table output.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import yaml
 from deviceshare.sandbox import (
     admission,
     catalog,
+    deployments,
     discovery,
     errors,
     faults,
@@ -75,6 +77,18 @@ def _json(body: Any, status: int = 200, headers: Mapping[str, str] | None = None
     return aiohttp.web.Response(
         body=json.dumps(body).encode(), status=status, headers=headers, content_type="application/json"
     )
+
+
+def _dry_run(params: Mapping[str, str], delete_options: Any) -> bool:
+    """``dryRun=All`` from the query, or for a delete from its DeleteOptions body (where kubectl puts it)."""
+    value = params.get("dryRun")
+    if value is None and isinstance(delete_options, Mapping) and delete_options.get("dryRun"):
+        value = ",".join(delete_options["dryRun"])
+    if value is None:
+        return False
+    if value != "All":
+        raise errors.bad_request(f'dryRun: Unsupported value: "{value}": supported values: "All"')
+    return True
 
 
 def _flag(params: Mapping[str, str], name: str) -> bool:
@@ -203,11 +217,14 @@ class ApiServer(kmock.KubernetesScaffold):
         if target.subresource and target.subresource not in rtype.subresources:
             raise errors.endpoint_not_found()
         params = request.params
-        if params.get("dryRun"):
-            raise errors.bad_request("dryRun is not supported by the deviceshare sandbox")
+        # Set for every request: a connection's next request (same task) must not inherit it.
+        store.DRY_RUN.set(_dry_run(params, _decode(request) if method == "DELETE" else None))
         ns = target.namespace if rtype.namespaced else None
         if rtype.namespaced and ns is None and (target.name is not None or method != "GET"):
             raise errors.method_not_allowed()  # namespaced objects live under /namespaces/NS/ only
+        if target.subresource == "scale" and target.name:
+            content_type = request.headers.get("Content-Type", "")
+            return _json(deployments.serve_scale(self.store, method, ns, target.name, content_type, _decode(request)))
         if method == "GET":
             if _flag(params, "watch"):
                 return await self._watch(request, rtype, ns, target.name)

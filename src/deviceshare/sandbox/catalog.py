@@ -140,7 +140,7 @@ BUILTINS: tuple[ResourceType, ...] = (
         "Deployment",
         short_names=("deploy",),
         categories=("all",),
-        subresources=frozenset({"status"}),
+        subresources=frozenset({"status", "scale"}),
     ),
     ResourceType(
         "apps",
@@ -262,6 +262,12 @@ class Catalog:
         self._types: dict[tuple[str, str, str], ResourceType] = {}
         for rtype in types:
             self.add(rtype)
+
+    def copy(self) -> Catalog:
+        """An independent copy (a dry-run write may serve a CRD that must not stay served)."""
+        other = Catalog(())
+        other._types = dict(self._types)
+        return other
 
     def add(self, rtype: ResourceType) -> None:
         self._types[(rtype.group, rtype.version, rtype.plural)] = rtype

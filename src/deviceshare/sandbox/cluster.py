@@ -21,6 +21,7 @@ import yaml
 
 from deviceshare.api import names
 from deviceshare.sandbox import admission, apiserver, catalog, errors, faults, identity, kubelet, patches, store
+from deviceshare.sandbox import deployments as deployments_
 
 CONTEXT = "deviceshare-sandbox"
 INTEL_RESOURCE = "gpu.intel.com/i915"
@@ -70,6 +71,7 @@ class Sandbox:
         shared_taint: bool = False,
         gpu_memory_mib: int | None = DEFAULT_GPU_MEMORY_MIB,
         intel_nodes: int = 0,
+        deployments: bool = False,
     ) -> None:
         self.resource = resource
         self.gpus = gpus
@@ -89,6 +91,8 @@ class Sandbox:
             users={**identity.DEFAULT_TOKENS, **(users or {})},
         )
         self.kubelet = kubelet.Kubelet(self.store, kubelet_delay) if kubelet_delay else None
+        # Off by default: most tests create a Deployment's pods themselves (or none at all).
+        self.deployments = deployments_.DeploymentController(self.store, self.admission) if deployments else None
         self._host, self._port = host, port
         self._kubeconfig_path = kubeconfig_path
         self._server: kmock.Server | None = None
@@ -116,6 +120,8 @@ class Sandbox:
         self.kubeconfig = self.write_kubeconfig(self._kubeconfig_path)
         if self.kubelet is not None:
             self.kubelet.start()
+        if self.deployments is not None:
+            self.deployments.start()
         return self
 
     async def __aexit__(
@@ -123,6 +129,8 @@ class Sandbox:
     ) -> None:
         if self.kubelet is not None:
             self.kubelet.stop()
+        if self.deployments is not None:
+            self.deployments.stop()
         self.store.close_watches()
         if self._server is not None:
             await self._server.__aexit__(exc_type, exc, tb)

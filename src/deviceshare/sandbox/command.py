@@ -1,4 +1,8 @@
-"""``deviceshare sandbox``: run the local cluster until Ctrl-C and tell the user how to reach it."""
+"""``deviceshare sandbox``: run the local cluster until Ctrl-C and tell the user how to reach it.
+
+Its Deployments make pods (a small controller, see ``deployments.py``), so the quickstart's
+``kubectl apply`` and ``kubectl scale`` behave as on a cluster.
+"""
 
 from __future__ import annotations
 
@@ -8,20 +12,17 @@ import contextlib
 import signal
 from pathlib import Path
 
-from deviceshare.kube import loops
-from deviceshare.sandbox import cluster
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--nodes", type=int, default=4, help="simulated GPU nodes (default 4)")
-    parser.add_argument("--gpus", type=int, default=8, help="devices per node (default 8)")
+    parser.add_argument("--nodes", type=int, default=4, help="simulated GPU nodes")
+    parser.add_argument("--gpus", type=int, default=8, help="devices per node")
     parser.add_argument("--resource", default="nvidia.com/gpu", help="extended resource the nodes offer")
     parser.add_argument("--port", type=int, default=0, help="API port on 127.0.0.1 (default: any free port)")
     parser.add_argument(
         "--kubeconfig",
         type=Path,
         default=Path(".sandbox/kubeconfig"),
-        help="where to write the kubeconfig (default .sandbox/kubeconfig)",
+        help="where to write the kubeconfig",
     )
     parser.add_argument(
         "--crds", type=Path, default=None, help="folder of CRD YAML to serve (default: crds/)"
@@ -35,6 +36,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 async def serve(args: argparse.Namespace, ready: asyncio.Event | None = None) -> None:
+    from deviceshare.sandbox import cluster
+
     sandbox = cluster.Sandbox(
         nodes=args.nodes,
         gpus=args.gpus,
@@ -43,6 +46,7 @@ async def serve(args: argparse.Namespace, ready: asyncio.Event | None = None) ->
         kubeconfig_path=args.kubeconfig.resolve(),
         crds=args.crds,
         kubelet_delay=args.kubelet_delay,
+        deployments=True,  # `kubectl apply` of a Deployment makes pods, and `kubectl scale` works
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -61,6 +65,8 @@ async def serve(args: argparse.Namespace, ready: asyncio.Event | None = None) ->
 
 
 def run(args: argparse.Namespace) -> int:
+    from deviceshare.kube import loops
+
     with asyncio.Runner(loop_factory=loops.event_loop_factory()) as runner:
         runner.run(serve(args))
     return 0

@@ -72,16 +72,17 @@ def resource_list(types: catalog.Catalog, group_name: str, version: str) -> dict
         resources.append(entry)
         for sub in sorted(rtype.subresources):
             verbs = ["create"] if sub == "binding" else ["get", "patch", "update"]
-            kind = "Binding" if sub == "binding" else rtype.kind
-            resources.append(
-                {
-                    "name": f"{rtype.plural}/{sub}",
-                    "singularName": "",
-                    "namespaced": rtype.namespaced,
-                    "kind": kind,
-                    "verbs": verbs,
-                }
-            )
+            kind = {"binding": "Binding", "scale": "Scale"}.get(sub, rtype.kind)
+            sub_entry: dict[str, Any] = {
+                "name": f"{rtype.plural}/{sub}",
+                "singularName": "",
+                "namespaced": rtype.namespaced,
+                "kind": kind,
+                "verbs": verbs,
+            }
+            if sub == "scale":  # kubectl scale finds the Scale's group/version here
+                sub_entry.update(group="autoscaling", version="v1")
+            resources.append(sub_entry)
     if not resources:
         return None
     group_version = f"{group_name}/{version}" if group_name else version

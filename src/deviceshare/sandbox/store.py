@@ -14,18 +14,53 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextvars
 import dataclasses
 import json
 import random
 import uuid
 from collections.abc import Callable, Mapping
 from functools import cached_property
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from deviceshare.sandbox import catalog, errors, patches, selectors, strategies
 
 Obj = dict[str, Any]
 Key = tuple[str, str]  # (group, plural)
+
+
+# ``dryRun=All`` for the request being served (set per request by the API server; a context variable, so
+# in-process writers such as the kubelet, running in other tasks, are never affected).
+DRY_RUN: contextvars.ContextVar[bool] = contextvars.ContextVar("deviceshare_sandbox_dry_run", default=False)
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _undone_when_dry(
+    write: Callable[Concatenate[ObjectStore, _P], _R],
+) -> Callable[Concatenate[ObjectStore, _P], _R]:
+    """Server-side dry run: the write runs every check and answers as if stored, then is undone, with no
+    watch event sent and no resourceVersion used (what ``kubectl apply --dry-run=server`` relies on)."""
+
+    def wrapper(self: ObjectStore, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        if not DRY_RUN.get() or self._dry:
+            return write(self, *args, **kwargs)
+        saved = (
+            {k: dict(v) for k, v in self._objects.items()},
+            {k: dict(v) for k, v in self._encoded.items()},
+            self._rv,
+            self.catalog,
+        )
+        self._dry, self.catalog = True, self.catalog.copy()
+        try:
+            return write(self, *args, **kwargs)
+        finally:
+            objects, encoded, self._rv, self.catalog = saved
+            self._objects = collections.defaultdict(dict, objects)
+            self._encoded = collections.defaultdict(dict, encoded)
+            self._dry = False
+
+    return wrapper
 
 
 now = strategies.now
@@ -66,6 +101,7 @@ class ObjectStore:
         self._compacted = 0
         self._subscriptions: list[Subscription] = []
         self.listeners: list[Callable[[WatchEvent], None]] = []
+        self._dry = False  # inside a dry-run write: nothing is emitted, everything is undone after
 
     # ---- reading -------------------------------------------------------------------------
     @property
@@ -84,7 +120,9 @@ class ObjectStore:
         found = self._objects[rtype.key].get((namespace or "", name))
         if found is None:
             raise errors.not_found(rtype.plural, rtype.group, name)
-        return found
+        # A dry-run write works on a copy: patches share nested parts with their target, and the write
+        # path edits those (metadata) in place; the stored original must come back untouched.
+        return clone(found) if self._dry else found
 
     def get(self, rtype: catalog.ResourceType, namespace: str | None, name: str) -> Obj:
         return clone(self._existing(rtype, namespace, name))
@@ -167,6 +205,8 @@ class ObjectStore:
         self._compacted = self._rv
 
     def _emit(self, type_: str, rtype: catalog.ResourceType, obj: Obj, old: Obj | None) -> None:
+        if self._dry:
+            return
         event = WatchEvent(int(meta(obj)["resourceVersion"]), rtype.key, type_, clone(obj), old)
         self._history.append(event)
         while len(self._history) > self._history_limit:
@@ -182,6 +222,7 @@ class ObjectStore:
         return str(self._rv)
 
     # ---- writing -------------------------------------------------------------------------
+    @_undone_when_dry
     def create(self, rtype: catalog.ResourceType, namespace: str | None, body: Mapping[str, Any]) -> Obj:
         obj: Obj = clone(dict(body))
         md = obj.setdefault("metadata", {})
@@ -224,6 +265,7 @@ class ObjectStore:
         self._emit("ADDED", rtype, obj, None)
         return clone(obj)
 
+    @_undone_when_dry
     def replace(
         self,
         rtype: catalog.ResourceType,
@@ -235,6 +277,7 @@ class ObjectStore:
         old, new = self.prepare_update(rtype, namespace, name, None, body, subresource)
         return self._commit(rtype, old, new)
 
+    @_undone_when_dry
     def patch(
         self,
         rtype: catalog.ResourceType,
@@ -377,6 +420,7 @@ class ObjectStore:
             self._emit("MODIFIED", rtype, new, old)
         return clone(new)
 
+    @_undone_when_dry
     def delete(
         self,
         rtype: catalog.ResourceType,
@@ -458,6 +502,7 @@ class ObjectStore:
         for rtype in catalog.from_crd(crd):
             self.catalog.add(rtype)
 
+    @_undone_when_dry
     def bind(self, namespace: str, name: str, binding: Mapping[str, Any]) -> None:
         """``pods/binding``: set ``spec.nodeName`` once; a second binding is a 409 like the real API."""
         rtype = self.catalog.lookup("pods")

@@ -2,7 +2,8 @@
 
 Custom resources get their CRD's ``additionalPrinterColumns`` (JSONPath-lite: dotted paths),
 with ``date`` columns shown as ages ("5m") as kube-apiserver does; a few built-ins get the
-columns kubectl users expect (pods: READY/STATUS/RESTARTS/AGE/NODE, nodes: STATUS/AGE...).
+columns kubectl users expect (pods: READY/STATUS/RESTARTS/AGE/NODE, nodes: STATUS/AGE..., deployments:
+READY/UP-TO-DATE/AVAILABLE/AGE).
 """
 
 from __future__ import annotations
@@ -92,6 +93,16 @@ def _event_cells(event: Row) -> list[Any]:
     ]
 
 
+def _deployment_cells(deployment: Row) -> list[Any]:
+    spec, status = deployment.get("spec") or {}, deployment.get("status") or {}
+    return [
+        f"{int(status.get('readyReplicas') or 0)}/{int(spec.get('replicas', 1))}",
+        int(status.get("updatedReplicas") or 0),
+        int(status.get("availableReplicas") or 0),
+        age(deployment.get("metadata", {}).get("creationTimestamp")),
+    ]
+
+
 # kubectl's columns for events put the name last and hidden (priority 1)
 _EVENT_COLUMNS = [
     ("Last Seen", "string", 0),
@@ -114,6 +125,10 @@ _BUILTIN: dict[tuple[str, str], tuple[list[tuple[str, str, int]], Callable[[Row]
     ),
     ("", "events"): (_EVENT_COLUMNS, _event_cells),
     ("events.k8s.io", "events"): (_EVENT_COLUMNS, _event_cells),
+    ("apps", "deployments"): (
+        [("Ready", "string", 0), ("Up-to-date", "integer", 0), ("Available", "integer", 0), ("Age", "string", 0)],
+        _deployment_cells,
+    ),
     ("", "nodes"): (
         [("Status", "string", 0), ("Roles", "string", 0), ("Age", "string", 0), ("Version", "string", 0)],
         _node_cells,
