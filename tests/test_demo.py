@@ -23,7 +23,12 @@ async def test_demo_binds_every_example_pod_with_wired_devices(
     total = re.search(r"(\d+)/(\d+) pods bound", out)
     assert total and total.group(1) == total.group(2) and int(total.group(1)) >= 5
     pod_rows = [line for line in out.splitlines() if " Running " in line]
-    assert pod_rows and all("NVIDIA_VISIBLE_DEVICES=" in line for line in pod_rows)
+    assert pod_rows and all("NVIDIA_VISIBLE_DEVICES=" in line or "ZE_AFFINITY_MASK=" in line for line in pod_rows)
     # The trainer and its evaluator see the same two GPUs.
     trainer = {line.split()[-1] for line in pod_rows if line.split()[2] == "trainer"}
     assert len(trainer) == 1 and len(trainer.pop().split("=")[1].split(",")) == 2
+    # Sharing groups are bound too, their pods seeing their limits; the tile groups see one tile each.
+    env = {line.split()[1]: dict(e.split("=", 1) for e in line.split()[5:]) for line in pod_rows}
+    assert env["llm-0"]["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=24576M"
+    assert env["nb-alice"]["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
+    assert sorted(env[p]["ZE_AFFINITY_MASK"] for p in ("encode-0", "decode-0")) == ["0.0", "0.1"]

@@ -50,6 +50,8 @@ def version_schema() -> dict[str, Any]:
 
 def canonical_crd(node: dict[str, Any], *, defaults: bool) -> dict[str, Any]:
     out: dict[str, Any] = {k: node[k] for k in COMPARED if k in node}
+    if node.get("x-kubernetes-int-or-string"):
+        out["type"] = "int-or-string"
     if out.get("format") in WIDTH_FORMATS:
         del out["format"]
     if defaults and "default" in node:
@@ -76,10 +78,16 @@ def canonical_model(node: dict[str, Any], defs: dict[str, Any], *, defaults: boo
     if "$ref" in node:
         node = {**defs[node["$ref"].rsplit("/", 1)[-1]], **{k: v for k, v in node.items() if k != "$ref"}}
     if "anyOf" in node:  # Optional[X]: absent on the wire, never null
-        (inner,) = [n for n in node["anyOf"] if n.get("type") != "null"]
-        node = {**{k: v for k, v in node.items() if k != "anyOf"}, **inner}
+        inner = [n for n in node["anyOf"] if n.get("type") != "null"]
+        if sorted(n.get("type") for n in inner) == ["integer", "string"]:
+            # int | str: a quantity, x-kubernetes-int-or-string in the CRD (bounds on the int side,
+            # pattern on the string side, as JSON schema applies each to its own type)
+            merged = {k: v for n in inner for k, v in n.items() if k != "type"}
+            inner = [{**merged, "type": "int-or-string"}]
+        (single,) = inner
+        node = {**{k: v for k, v in node.items() if k != "anyOf"}, **single}
     out: dict[str, Any] = {k: node[k] for k in COMPARED if k in node}
-    if defaults and "default" in node:
+    if defaults and node.get("default") is not None:  # default None: an optional field, absent on the wire
         out["default"] = node["default"]
     if node.get("required"):
         out["required"] = sorted(node["required"])
@@ -148,7 +156,7 @@ def test_names_and_printer_columns() -> None:
     assert version["name"] == names.VERSION and version["subresources"] == {"status": {}}
     status_fields = {f.alias for f in models.GroupStatus.model_fields.values()}
     columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
-    assert list(columns) == ["Phase", "Node", "Devices", "Members", "Age"]
+    assert list(columns) == ["Phase", "Node", "Devices", "Share", "Members", "Age"]
     for path in columns.values():
         if path.startswith(".status."):
             assert path.removeprefix(".status.") in status_fields
@@ -188,6 +196,97 @@ def test_the_model_accepts_what_the_crd_accepts(spec: dict[str, Any], valid: boo
         model_ok = False
     assert (schema_ok and cel_ok) is valid
     assert model_ok is valid
+
+
+GPU_SPEC = {"resources": {"nvidia.com/gpu": 1}}
+SHARES: list[tuple[Any, bool]] = [
+    ({"compute": "460m", "memory": "12Gi"}, True),
+    ({"compute": "0.5"}, True),
+    ({"compute": ".25"}, True),
+    ({"compute": "1"}, True),
+    ({"compute": 1}, True),
+    ({"compute": "1000m"}, True),
+    ({"compute": "1m"}, True),
+    ({"memory": "12288Mi"}, True),
+    ({"memory": "1.5Gi"}, True),
+    ({"memory": 12884901888}, True),
+    ({"memory": "16G"}, True),
+    ({"compute": 0.5}, False),  # a YAML float: neither integer nor string
+    ({"compute": "0"}, False),
+    ({"compute": "0m"}, False),
+    ({"compute": "0.000"}, False),
+    ({"compute": "1001m"}, False),
+    ({"compute": "1.5"}, False),
+    ({"compute": 2}, False),
+    ({"compute": 0}, False),
+    ({"compute": "0.4567"}, False),  # finer than a thousandth
+    ({"compute": "-500m"}, False),
+    ({"memory": "0Gi"}, False),
+    ({"memory": 0}, False),
+    ({"memory": "12GB"}, False),
+    ({"memory": "500m"}, False),
+    ({"memory": "-1Gi"}, False),
+    ({}, False),
+    ({"tiles": 1}, True),
+    ({"tiles": 0}, False),
+    ({"tiles": 65}, False),
+    ({"tiles": 1, "memory": "1Gi"}, False),
+    ({"tiles": 1, "compute": "500m"}, False),
+    ({"cores": 1}, None),  # unknown field: the API server prunes it (then nothing is left), pydantic forbids
+]
+
+
+def crd_accepts(spec: dict[str, Any]) -> bool:
+    """The sandbox's evaluation of the CRD: structural schema, int-or-string, every CEL rule."""
+    from deviceshare.sandbox import schema
+
+    root = version_schema()
+    body = schema.prune_and_default(root, {"apiVersion": names.API_VERSION, "kind": names.KIND, "spec": spec})
+    return schema.check(root, body, None) == []
+
+
+def model_accepts(spec: dict[str, Any]) -> bool:
+    from pydantic import ValidationError
+
+    try:
+        models.GroupSpec.model_validate(spec)
+    except ValidationError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize(("entry", "valid"), SHARES)
+def test_share_entries_agree(entry: dict[str, Any], valid: bool | None) -> None:
+    spec = {**GPU_SPEC, "share": {"nvidia.com/gpu": entry}}
+    assert crd_accepts(spec) is bool(valid)  # an unknown field is pruned, leaving an empty entry
+    assert model_accepts(spec) is bool(valid)
+
+
+@pytest.mark.parametrize(
+    ("spec", "valid"),
+    [
+        ({**GPU_SPEC, "share": {"nvidia.com/gpu": {"compute": "250m"}}}, True),
+        ({**GPU_SPEC, "share": {}}, True),
+        ({**GPU_SPEC, "share": {"amd.com/gpu": {"compute": "250m"}}}, False),  # not in resources
+        (
+            {"resources": {"nvidia.com/gpu": 2, "gpu.intel.com/i915": 1},
+             "share": {"gpu.intel.com/i915": {"tiles": 1}}},
+            True,
+        ),
+        ({**GPU_SPEC, "share": {"nvidia.com/gpu": "half"}}, False),
+    ],
+)
+def test_share_keys_agree(spec: dict[str, Any], valid: bool) -> None:
+    assert crd_accepts(spec) is valid
+    assert model_accepts(spec) is valid
+
+
+def test_share_quantities_parse() -> None:
+    share = models.GroupSpec.model_validate(
+        {**GPU_SPEC, "share": {"nvidia.com/gpu": {"compute": "0.46", "memory": "12288Mi"}}}
+    ).shares["nvidia.com/gpu"]
+    assert (share.compute_milli, share.memory_bytes) == (460, 12 << 30)
+    assert share.describe() == "compute=0.46,memory=12288Mi"
 
 
 @pytest.mark.parametrize("stamp", ["2026-11-22T09:00:00Z", "2026-11-22T09:00:00.123456+00:00"])

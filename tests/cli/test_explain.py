@@ -134,6 +134,40 @@ async def test_pod_not_found_and_pod_without_group(
     assert "does not join a SharedDeviceGroup" in out
 
 
+async def test_a_share_that_does_not_fit_names_the_capacity_and_what_is_left(
+    cluster: Sandbox, kube: Kube, operator: RunningOperator, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Every GPU of the 4 nodes is taken by one 60Gi share; a further 60Gi share fits nowhere.
+    for i in range(32):
+        await kube.create_group("ml", f"s{i}", {GPU: 1}, share={GPU: {"memory": "60Gi"}})
+        await kube.create_pod("ml", f"s{i}-0", f"s{i}")
+    await kube.wait_for(lambda: len([p for p in cluster.list("pods", "ml") if p["spec"].get("nodeName")]) == 32,
+                        "32 shares placed", timeout=20)
+    await kube.create_group("ml", "late", {GPU: 1}, share={GPU: {"memory": "60Gi", "compute": "100m"}})
+    await kube.create_pod("ml", "late-0", "late")
+    pod = await _wait_unschedulable(kube, "ml", "late-0")
+    assert scheduled_condition(pod)["message"] == (  # type: ignore[index]
+        "0/4 nodes are available: 4 insufficient nvidia.com/gpu memory.")
+    rc, out, _ = await _explain(capsys, cluster, "late-0", "-n", "ml")
+    assert rc == 0
+    hint = next(line for line in out.splitlines() if "too little memory" in line)
+    assert "a share of compute=100m,memory=60Gi on each of 1" in hint
+    assert "gpu-node-0/0 compute=1,memory=20Gi" in hint
+
+
+@pytest.mark.parametrize("sandbox_options", [{"nodes": 4, "gpus": 8, "gpu_memory_mib": None}])
+async def test_nodes_without_declared_memory_are_told_how_to_declare_it(
+    cluster: Sandbox, kube: Kube, operator: RunningOperator, capsys: pytest.CaptureFixture[str]
+) -> None:
+    await kube.create_group("ml", "needs", {GPU: 1}, share={GPU: {"memory": "1Gi"}})
+    await kube.create_pod("ml", "needs-0", "needs")
+    await _wait_unschedulable(kube, "ml", "needs-0", "4 no declared device memory for nvidia.com/gpu")
+    rc, out, _ = await _explain(capsys, cluster, "needs-0", "-n", "ml")
+    assert rc == 0
+    assert ("4 node(s) declare no device memory for nvidia.com/gpu: kubectl annotate node NODE "
+            "deviceshare.io/device-memory='{\"nvidia.com/gpu\": \"80Gi\"}'") in out
+
+
 @pytest.mark.parametrize(("message", "expected"), [
     ("0/4 nodes are available: 4 insufficient nvidia.com/gpu.", {"insufficient nvidia.com/gpu": 4}),
     ("0/12 nodes are available: 7 insufficient nvidia.com/gpu, 5 not in shared mode.",
@@ -141,6 +175,8 @@ async def test_pod_not_found_and_pod_without_group(
     ("0/2 nodes are available: 2 node(s) had untolerated taint {gpu: }.",
      {"node(s) had untolerated taint {gpu: }": 2}),
     ("0/0 nodes are available: no nodes in the cluster.", {"no nodes in the cluster": 0}),
+    ("0/5 nodes are available: 3 insufficient nvidia.com/gpu memory, 2 no declared device memory for nvidia.com/gpu.",
+     {"insufficient nvidia.com/gpu memory": 3, "no declared device memory for nvidia.com/gpu": 2}),
     ('SharedDeviceGroup "x" not found in namespace "y"', {}),
 ])
 def test_split_reasons(message: str, expected: dict[str, int]) -> None:

@@ -95,13 +95,13 @@ async def test_table_lists_each_device_and_a_summary_per_node(
     rc, out, _ = await _main(capsys, "inspect", "--kubeconfig", str(cluster.kubeconfig), "--node", node)
     assert rc == 0
     lines = out.splitlines()
-    assert lines[0].split() == ["NODE", "RESOURCE", "DEVICE", "GROUP", "MEMBERS", "NOTE"]
+    assert lines[0].split() == ["NODE", "RESOURCE", "DEVICE", "GROUP", "SHARE", "MEMBERS", "LEFT", "NOTE"]
     rows = [line.split() for line in lines[1:] if line.startswith(node + " ")]
     assert {r[0] for r in rows} == {node}
     held = {r[2]: r for r in rows if r[3] != inspect.FREE}
     for device in trainer["allocatedDevices"][GPU]:
-        assert held[device][3] == "ml/trainer"
-        assert sorted(held[device][4].split(",")) == sorted(trainer["members"])
+        assert held[device][3:5] == ["ml/trainer", "whole"]
+        assert sorted(held[device][5].split(",")) == sorted(trainer["members"])
     free_rows = [r for r in rows if r[3] == inspect.FREE]
     assert len(rows) == 8 and len(free_rows) == 8 - len(held)
     assert f"{node}: {GPU} {len(held)}/8 allocated" in lines
@@ -162,9 +162,67 @@ def test_table_flags_conflicts(capsys: pytest.CaptureFixture[str]) -> None:
     shown = inspect.device_map([_node("a", 2)], [_group("g", "a", ["1"], ["p"]), _group("h", "a", ["1"], ["q"])])
     inspect.render_table(shown, sys.stdout)
     out = capsys.readouterr().out
-    row = next(line.split() for line in out.splitlines() if line.startswith("a ") and " 1 " in line)
-    assert row[3:] == ["ns/g,ns/h", "p;q", inspect.CONFLICT]
+    rows = [line.split() for line in out.splitlines() if line.startswith("a ") and " 1 " in line]
+    assert [r[3:] for r in rows] == [["ns/g", "whole", "p", "-", inspect.CONFLICT],
+                                      ["ns/h", "whole", "q", "-", inspect.CONFLICT]]
     assert "a: nvidia.com/gpu 1/2 allocated" in out
+
+
+def _sharer(name: str, ids: list[str], share: dict[str, Any], resource: str = GPU,
+            tiles: list[str] | None = None) -> dict[str, Any]:
+    status: dict[str, Any] = {"phase": "Bound", "members": [f"{name}-0"], "nodeName": "a",
+                              "allocatedDevices": {resource: ids}}
+    if tiles:
+        status["allocatedTiles"] = {resource: tiles}
+    return {"metadata": {"namespace": "ns", "name": name},
+            "spec": {"resources": {resource: len(ids)}, "share": {resource: share}}, "status": status}
+
+
+def _with_memory(node: dict[str, Any], mib: int) -> dict[str, Any]:
+    node["metadata"]["labels"]["nvidia.com/gpu.memory"] = str(mib)
+    return node
+
+
+def test_a_shared_device_lists_each_holder_with_its_share_and_what_is_left(
+    capsys: pytest.CaptureFixture[str]
+) -> None:
+    groups = [_sharer("llm", ["0"], {"memory": "24Gi", "compute": "460m"}), _sharer("asr", ["0"], {"memory": "8Gi"})]
+    shown = inspect.device_map([_with_memory(_node("a", 2), 81920)], groups)
+    inspect.render_table(shown, sys.stdout)
+    out = capsys.readouterr().out
+    rows = [line.split() for line in out.splitlines() if line.startswith("a ")]
+    assert rows[0][2:] == ["0", "ns/asr", "memory=8Gi", "asr-0", "compute=540m,memory=48Gi"]
+    assert rows[1][2:] == ["0", "ns/llm", "compute=460m,memory=24Gi", "llm-0", "compute=540m,memory=48Gi"]
+    assert rows[2][2:] == ["1", "-", "-", "-", "-"]
+    device = inspect.to_json(shown)["nodes"][0]["resources"][GPU]["devices"][0]
+    assert device["left"] == {"compute": "540m", "memory": "48Gi"} and not device["conflict"]
+    assert [g["share"] for g in device["groups"]] == [{"memory": "8Gi"}, {"compute": "460m", "memory": "24Gi"}]
+
+
+@pytest.mark.parametrize(("groups", "problem"), [
+    pytest.param([_sharer("x", ["0"], {"memory": "50Gi"}), _sharer("y", ["0"], {"memory": "40Gi"})],
+                 "memory 90Gi given out, more than the device's 80Gi", id="memory"),
+    pytest.param([_sharer("x", ["0"], {"compute": "0.7"}), _sharer("y", ["0"], {"compute": "400m"})],
+                 "compute 1100m given out, more than 1", id="compute"),
+    pytest.param([_group("w", "a", ["0"]), _sharer("y", ["0"], {"compute": "400m"})],
+                 "used both whole and in parts", id="whole-and-shared"),
+])
+def test_an_overcommitted_device_is_a_conflict_that_says_why(groups: list[dict[str, Any]], problem: str) -> None:
+    as_json = inspect.to_json(inspect.device_map([_with_memory(_node("a", 1), 81920)], groups))
+    device = as_json["nodes"][0]["resources"][GPU]["devices"][0]
+    assert device["conflict"] and device["problem"] == problem
+    assert [c["device"] for c in as_json["conflicts"]] == ["0"]
+
+
+def test_tiles_of_a_card_are_listed_per_holder() -> None:
+    intel = "gpu.intel.com/i915"
+    node = {"metadata": {"name": "a", "labels": {"deviceshare.io/mode": "shared", "gpu.intel.com/tiles": "4"}},
+            "status": {"allocatable": {intel: "2"}, "conditions": [{"type": "Ready", "status": "True"}]}}
+    groups = [_sharer("enc", ["0"], {"tiles": 1}, intel, ["0.1"]), _sharer("dec", ["0"], {"tiles": 1}, intel, ["0.0"])]
+    (shown,) = inspect.device_map([node], groups)
+    card = shown.resources[intel][0]
+    assert [h.describe_share() for h in card.holders] == ["tiles=1:0", "tiles=1:1"]
+    assert card.left() == {"tiles": 0} and not card.conflict
 
 
 @pytest.mark.skipif(not os.path.exists("/usr/bin/kubectl") and not any(

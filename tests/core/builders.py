@@ -60,6 +60,8 @@ def node(
     memory_bytes: int = 32 << 30,
     extra: Mapping[str, Sequence[str]] | None = None,
     problems: Sequence[str] = (),
+    device_memory: Mapping[str, int] | None = None,
+    device_tiles: Mapping[str, int] | None = None,
 ) -> inventory.NodeInfo:
     ids = tuple(str(i) for i in range(gpus)) if isinstance(gpus, int) else tuple(gpus)
     devices = {GPU: ids} if ids else {}
@@ -76,6 +78,8 @@ def node(
         cpu_milli=cpu_milli,
         memory_bytes=memory_bytes,
         problems=tuple(problems),
+        device_memory=dict(device_memory or {}),
+        device_tiles=dict(device_tiles or {}),
     )
 
 

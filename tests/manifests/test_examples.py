@@ -26,7 +26,8 @@ def _objects(path: Path) -> list[kube_objects.KubeObject]:
 
 def test_the_promised_examples_exist() -> None:
     assert {p.name for p in EXAMPLES} >= {
-        "gpu-node.yaml", "trainer-evaluator.yaml", "shared-inference.yaml", "spread-group.yaml"}
+        "gpu-node.yaml", "trainer-evaluator.yaml", "shared-inference.yaml", "spread-group.yaml",
+        "inference-sharing.yaml", "notebook-fleet.yaml", "intel-tiles.yaml"}
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from deviceshare.api import envnames, names
+from deviceshare.api import envnames, models, names
 from deviceshare.cli import inspect
 from deviceshare.kube import applying, connecting
 from deviceshare.sandbox import Sandbox
@@ -39,7 +39,8 @@ class Stack:
 async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
     bundle = certs.generate(["127.0.0.1", "localhost"])
     _, cert, key = bundle.write(tmp_path / "tls")
-    async with Sandbox(nodes=4, gpus=8, kubelet_delay=0.01, kubeconfig_path=tmp_path / "kubeconfig") as cluster:
+    async with Sandbox(nodes=4, gpus=8, intel_nodes=1, kubelet_delay=0.01,
+                       kubeconfig_path=tmp_path / "kubeconfig") as cluster:
         api = await connecting.api_client(str(cluster.kubeconfig))
         webhook = await server.start_webhook(tls_cert=cert, tls_key=key, api_client=api)
         operator = await start_operator(operator_config(cluster))
@@ -103,7 +104,8 @@ async def _pods_of(applier: applying.Applier, deployment: dict[str, Any]) -> lis
 async def test_every_example_pod_runs_with_its_groups_devices(stack: Stack) -> None:
     applied = await _apply_examples(stack.applier)
     pods = [o for o in applied if o["kind"] == "Pod"]
-    assert len(pods) >= 6  # trainer + evaluator, two notebooks, three inference replicas
+    # trainer + evaluator, two notebooks, three inference replicas; 3 + 4 sharing pods, 2 on Intel tiles
+    assert len(pods) >= 15
     kube = stack.kube
 
     for created in pods:
@@ -116,20 +118,35 @@ async def test_every_example_pod_runs_with_its_groups_devices(stack: Stack) -> N
         status = group["status"]
         assert status["phase"] == names.PHASE_BOUND
         assert pod["spec"]["nodeName"] == status["nodeName"]
-        # The webhook's part: our scheduler, and each container reads the env var from the annotation.
+        spec = models.GroupSpec.model_validate(group["spec"])
+        (resource,) = spec.resources
+        wired = envnames.EnvNames().for_group(spec)
+        # The webhook's part: our scheduler, and each container reads the env vars from the annotations.
         assert pod["spec"]["schedulerName"] == names.DEFAULT_SCHEDULER_NAME
         for container in pod["spec"]["containers"]:
             env = {e["name"]: e for e in container.get("env") or []}
-            for var in ENV:
+            for var in wired:
                 assert env[var]["valueFrom"]["fieldRef"]["fieldPath"] == names.env_field_path(var)
-            assert GPU not in ((container.get("resources") or {}).get("requests") or {})
-        # The operator's part: the group's devices, on the pod.
+            assert resource not in ((container.get("resources") or {}).get("requests") or {})
+        # The operator's part: the group's devices, on the pod; and what the containers started with.
         annotations = pod["metadata"]["annotations"]
-        devices = status["allocatedDevices"][GPU]
-        assert json.loads(annotations[names.POD_SELECTED_DEVICES_ANNOTATION]) == {GPU: ",".join(devices)}
-        for var in ENV:
-            assert annotations[names.env_annotation(var)] == ",".join(devices)
-        assert len(devices) == group["spec"]["resources"][GPU]
+        devices = status["allocatedDevices"][resource]
+        assert json.loads(annotations[names.POD_SELECTED_DEVICES_ANNOTATION]) == {resource: ",".join(devices)}
+        assert len(devices) == spec.resources[resource]
+        seen = await kube.wait_for(lambda k=(ns, name): stack.cluster.kubelet.started_env.get(k), f"{name} started")
+        assert seen["main" if "main" in seen else pod["spec"]["containers"][0]["name"]] == {
+            var: annotations[names.env_annotation(var)] for var in wired}
+        share = spec.shares.get(resource)
+        if share is None or share.tiles is None:
+            assert all(annotations[names.env_annotation(v)] == ",".join(devices) for v in ENV if v in wired)
+        if share is not None and share.memory is not None:
+            mib = share.memory_bytes // 2**20
+            assert annotations[names.env_annotation("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT")] == f"0={mib}M"
+        if share is not None and share.compute is not None:
+            assert annotations[names.env_annotation("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")] == "25"
+        if share is not None and share.tiles is not None:
+            tile = annotations[names.env_annotation("ZE_AFFINITY_MASK")].split(".")[1]
+            assert status["allocatedTiles"][resource] == [f"{devices[0]}.{tile}"]
 
     # The examples' promises: trainer and evaluator share two GPUs; the inference replicas share one.
     by_group: dict[tuple[str, str], set[str]] = {}
@@ -140,6 +157,14 @@ async def test_every_example_pod_runs_with_its_groups_devices(stack: Stack) -> N
         by_group.setdefault(key, set()).add(pod["metadata"]["annotations"][names.POD_SELECTED_DEVICES_ANNOTATION])
     assert all(len(selections) == 1 for selections in by_group.values()), by_group
     assert len(by_group[("serving", "inference")]) == 1
+    # Three inference groups on one GPU by memory; the two tile groups on the two tiles of one card.
+    placed = {(g["metadata"]["namespace"], g["metadata"]["name"]): g["status"] for g in await kube.groups()}
+    on = {(placed[("inference", g)]["nodeName"], *placed[("inference", g)]["allocatedDevices"][GPU])
+          for g in ("llm", "embeddings", "speech")}
+    assert len(on) == 1, on
+    tiles = [placed[("media", g)]["allocatedTiles"]["gpu.intel.com/i915"] for g in ("encode", "decode")]
+    assert sorted(t for ts in tiles for t in ts) == ["0.0", "0.1"]
+    assert len({placed[("notebooks", f"nb-{u}")]["nodeName"] for u in ("alice", "bob", "carol", "dave")}) == 1
 
     # The node example was applied over the sandbox's node: inspect shows its explicit device IDs.
     node = await kube._json(kube.core.read_node("gpu-node-1", _preload_content=False))
@@ -147,6 +172,27 @@ async def test_every_example_pod_runs_with_its_groups_devices(stack: Stack) -> N
     assert [d.id for d in mapped["gpu-node-1"].resources[GPU] if d.in_inventory] == json.loads(
         node["metadata"]["annotations"][names.NODE_DEVICES_ANNOTATION])[GPU]
     assert node["metadata"]["labels"]["deviceshare.io/gpu-model"] == "A100"
+
+
+async def test_a_member_that_sets_its_own_share_limit_is_refused(stack: Stack) -> None:
+    """A sharing group's limit variables are the operator's to write: a pod may not raise its own."""
+    group = {"apiVersion": names.API_VERSION, "kind": names.KIND, "metadata": {"name": "nb", "namespace": "lab"},
+             "spec": {"resources": {GPU: 1}, "share": {GPU: {"compute": "250m", "memory": "8Gi"}}}}
+    await _apply(stack.applier, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "lab"}})
+    await _apply(stack.applier, group)
+    pod = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": "greedy", "namespace": "lab", "annotations": {names.POD_GROUP_ANNOTATION: "nb"}},
+           "spec": {"containers": [{"name": "main", "image": "busybox",
+                                    "env": [{"name": "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "value": "100"}]}]}}
+    with pytest.raises(applying.ApplyError, match="sets env var CUDA_MPS_ACTIVE_THREAD_PERCENTAGE itself"):
+        await _apply(stack.applier, pod)
+    # Without the variable it is admitted, and starts with the limits of its share.
+    del pod["spec"]["containers"][0]["env"]
+    await _apply(stack.applier, pod)
+    await stack.kube.wait_bound("lab", "greedy")
+    seen = await stack.kube.wait_for(lambda: stack.cluster.kubelet.started_env.get(("lab", "greedy")), "started")
+    assert seen["main"]["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
+    assert seen["main"]["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=8192M"
 
 
 async def test_applying_again_sends_only_what_the_file_changed(stack: Stack, tmp_path: Path) -> None:

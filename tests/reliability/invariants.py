@@ -8,7 +8,11 @@ from ``status.allocatable``. The checker is written independently of ``devicesha
 there cannot hide itself here.
 
 For each node and resource:
-- no device ID is claimed by two different groups;
+- no device ID is claimed by two different groups, unless all of them are sharing groups of one kind
+  (CONTRACT §7): compute/memory sharers whose compute sums to at most 1 and whose memory sums to at most
+  the memory the node declares per device; or tile holders (``status.allocatedTiles``), no tile held
+  twice and none beyond the device's tiles. Whole and shared, or shared and tiles, on one device is a
+  breach. A group's share is read from its spec, quantities parsed here, not by ``deviceshare``;
 - every claimed ID exists on the node, so the count claimed never exceeds capacity.
 ``half_bound`` is the quiescent-state check used after crashes: a bound member's devices and node
 agree with its group's status.
@@ -17,7 +21,10 @@ agree with its group's status.
 from __future__ import annotations
 
 import dataclasses
+import decimal
 import json
+import math
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -116,17 +123,120 @@ def claims(snapshot: Snapshot) -> list[Claim]:
     return out
 
 
+_UNITS = {"": 1, "m": decimal.Decimal("0.001"), "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
+          "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+_QUANTITY = re.compile(r"^([0-9]*\.?[0-9]*)(Ki|Mi|Gi|Ti|[mkMGT]?)$")
+
+
+def quantity(value: object) -> decimal.Decimal:
+    """The subset of Kubernetes quantities the tests write (460m, 0.5, 12Gi, 16G, 1)."""
+    match = _QUANTITY.match(str(value))
+    if not match or not match.group(1).strip("."):
+        raise ValueError(f"not a quantity: {value!r}")
+    return decimal.Decimal(match.group(1)) * _UNITS[match.group(2)]
+
+
+@dataclasses.dataclass(frozen=True)
+class Share:
+    compute_milli: int = 0
+    memory: int = 0
+    tiles: int = 0
+
+
+def group_shares(group: Mapping[str, Any]) -> dict[str, Share]:
+    """resource -> the share the group's spec asks of each device; absent: whole devices."""
+    out: dict[str, Share] = {}
+    for resource, entry in ((group.get("spec") or {}).get("share") or {}).items():
+        entry = entry or {}
+        out[resource] = Share(
+            compute_milli=math.ceil(quantity(entry["compute"]) * 1000) if "compute" in entry else 0,
+            memory=math.ceil(quantity(entry["memory"])) if "memory" in entry else 0,
+            tiles=int(entry.get("tiles") or 0),
+        )
+    return out
+
+
+def device_memory(node: Mapping[str, Any], resource: str) -> int | None:
+    """Bytes per device the node declares for ``resource`` (annotation over NVIDIA's label), None if none."""
+    meta = node.get("metadata") or {}
+    raw = (meta.get("annotations") or {}).get(names.NODE_DEVICE_MEMORY_ANNOTATION)
+    if raw:
+        declared = json.loads(raw)
+        if resource in declared:
+            return math.ceil(quantity(declared[resource]))
+    label = (meta.get("labels") or {}).get(names.NVIDIA_GPU_MEMORY_LABEL)
+    if label and resource == names.NVIDIA_GPU_RESOURCE:
+        return int(label) * 2**20
+    return None
+
+
+def device_tiles(node: Mapping[str, Any], resource: str, devices: int) -> int:
+    meta = node.get("metadata") or {}
+    raw = (meta.get("annotations") or {}).get(names.NODE_DEVICE_TILES_ANNOTATION)
+    if raw and resource in json.loads(raw):
+        return int(json.loads(raw)[resource])
+    label = (meta.get("labels") or {}).get(names.INTEL_TILES_LABEL)
+    if label and resource.startswith(names.INTEL_RESOURCE_PREFIX) and devices:
+        return int(label) // devices
+    return 0
+
+
+def _sharing_breaches(
+    node: Mapping[str, Any] | None, resource: str, device: str, groups: Mapping[GroupKey, str],
+    shares: Mapping[GroupKey, dict[str, Share]], tiles: Mapping[GroupKey, list[int]],
+) -> list[str]:
+    """What is wrong with several groups on one device: kinds mixed, or more given out than it has."""
+    where = f"{(node or {}).get('metadata', {}).get('name')} {resource} device {device}"
+    parts = {g: shares.get(g, {}).get(resource) for g in groups}
+    if any(s is None for s in parts.values()):
+        return [f"{where} held by {len(groups)} groups: {sorted(groups.values())}"]
+    kinds = {"tiles" if s.tiles else "shared" for s in parts.values() if s is not None}
+    if len(kinds) > 1:
+        return [f"{where} mixes compute/memory sharers and tile holders: {sorted(groups.values())}"]
+    found: list[str] = []
+    if kinds == {"tiles"}:
+        taken = [t for g in groups for t in tiles.get(g, [])]
+        per_device = device_tiles(node or {}, resource, len(node_capacity(node or {}).get(resource, ())))
+        if len(set(taken)) != len(taken):
+            found.append(f"{where}: a tile is held twice {sorted(taken)} by {sorted(groups.values())}")
+        if node is not None and any(t >= per_device for t in taken):
+            found.append(f"{where}: tiles {sorted(taken)} beyond its {per_device} tiles")
+        return found
+    compute = sum(s.compute_milli for s in parts.values() if s is not None)
+    memory = sum(s.memory for s in parts.values() if s is not None)
+    if compute > 1000:
+        found.append(f"{where} over-committed: compute {compute}m given to {sorted(groups.values())}")
+    cap = device_memory(node, resource) if node is not None else None
+    if node is not None and memory and (cap is None or memory > cap):
+        found.append(f"{where} over-committed: memory {memory} bytes (declared {cap}) given to "
+                     f"{sorted(groups.values())}")
+    return found
+
+
 def violations(snapshot: Snapshot) -> list[str]:
     """Every breach of the invariant, as readable lines; empty means none."""
     capacity = {str((n.get("metadata") or {}).get("name")): node_capacity(n) for n in snapshot.nodes}
+    node_bodies = {str((n.get("metadata") or {}).get("name")): n for n in snapshot.nodes}
     holders: dict[tuple[str, str, str], dict[GroupKey, str]] = {}
     found: list[str] = []
+    shares: dict[GroupKey, dict[str, Share]] = {}
+    # (node, resource, device) -> group -> tile indices of its status.allocatedTiles
+    tiles: dict[tuple[str, str, str], dict[GroupKey, list[int]]] = {}
+    for g in snapshot.groups:
+        meta, st = g.get("metadata") or {}, g.get("status") or {}
+        key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
+        shares[key] = group_shares(g)
+        for resource, ids in (st.get("allocatedTiles") or {}).items():
+            for tile_id in ids:
+                dev, _, index = str(tile_id).rpartition(".")
+                tiles.setdefault((str(st.get("nodeName")), resource, dev), {}).setdefault(key, []).append(int(index))
     for c in claims(snapshot):
         holders.setdefault((c.node, c.resource, c.device), {}).setdefault(c.group, c.source)
     per_slot: dict[Slot, set[str]] = {}
     for (node, resource, device), groups in sorted(holders.items()):
-        if len(groups) > 1:
-            found.append(f"{node} {resource} device {device} held by {len(groups)} groups: {sorted(groups.values())}")
+        if len(groups) > 1 or any(shares.get(g, {}).get(resource) for g in groups):
+            found += _sharing_breaches(node_bodies.get(node), resource, device, groups, shares,
+                                       tiles.get((node, resource, device), {}))
         offered = capacity.get(node, {}).get(resource)
         # A node that vanished is not a breach for claims of pods still shown on it; an unknown ID is.
         if node in capacity and (offered is None or device not in offered):

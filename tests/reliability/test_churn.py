@@ -1,5 +1,7 @@
 """Churn: groups and pods created, completed and deleted concurrently, the invariant checked all along.
 
+The groups are a mix of whole-device groups and groups taking a share of their GPUs (CONTRACT §7).
+
 The bounded form runs in ``make test``; the soak form (``make soak``, ``-m slow``) runs the same
 workload for ``DEVICESHARE_SOAK_SECONDS`` (default 1800) and reports the operator's RSS and asyncio
 task count over time, failing if either keeps growing.
@@ -38,12 +40,16 @@ class Tally:
     completed: int = 0
     bound_at_delete: int = 0
     deleted_groups: int = 0
+    shared_bound: int = 0  # members of sharing groups bound when deleted
 
 
 def delete_pod(cluster: Any, pod: str, tally: Tally) -> None:
     with contextlib.suppress(errors.ApiError):
-        if (cluster.get("pods", pod, NS) or {}).get("spec", {}).get("nodeName"):
+        body = cluster.get("pods", pod, NS) or {}
+        if body.get("spec", {}).get("nodeName"):
             tally.bound_at_delete += 1
+            group = cluster.get(names.PLURAL, body["metadata"]["annotations"][names.POD_GROUP_ANNOTATION], NS)
+            tally.shared_bound += bool(((group or {}).get("spec") or {}).get("share"))
         cluster.delete("pods", pod, NS)
 
 
@@ -55,7 +61,7 @@ async def actor(cluster: Any, index: int, until: float, seed: int, tally: Tally)
     while loop.time() < until:
         group = f"a{index}-r{round_}"
         round_ += 1
-        cluster.create(workload.group_body(NS, group, {workload.GPU: rng.choice((1, 1, 2, 3, 4))}))
+        cluster.create(workload.mixed_group_body(rng, NS, group))
         tally.groups += 1
         pods: list[str] = []
         for step in range(rng.randint(2, 6)):
@@ -129,6 +135,7 @@ async def churn(cluster: Any, seconds: float, actors: int, seed: int) -> tuple[l
         for w in workers:
             w.result()
         assert tally.bound_at_delete > 0, f"no member was ever bound: the churn tested nothing ({tally})"
+        assert tally.shared_bound > 0, f"no member of a sharing group was ever bound ({tally})"
 
         # Quiet: everything deleted; every group must be released and gone, no finalizer left behind.
         try:
@@ -147,7 +154,7 @@ async def churn(cluster: Any, seconds: float, actors: int, seed: int) -> tuple[l
         samples.append((loop.time() - start, rss, tasks))
         report.append(
             f"churn {seconds:.0f}s, {actors} actors: {tally.groups} groups, {tally.pods} pods, "
-            f"{tally.bound_at_delete} bound when deleted, {tally.completed} completed, "
+            f"{tally.bound_at_delete} bound when deleted ({tally.shared_bound} sharing), {tally.completed} completed, "
             f"{watchdog.checks} invariant checks, {len(watchdog.found)} violations"
         )
         report += [f"  t={t:7.1f}s  rss={r:7.1f} MiB  operator tasks={n}" for t, r, n in samples]

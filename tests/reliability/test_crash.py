@@ -4,7 +4,8 @@ The write order (scheduler.py) is: reserve in memory, group status, binding (whi
 device annotations: one write, so there is no step between annotating and binding to die in). Each
 step is held open with an injected delay on its request; the operator is killed (every task cancelled
 at once, no cleanup) while that request is in flight. The request still lands, as one sent by a dying
-process does. A fresh operator then rebuilds from the API and must finish the job on the same node.
+process does. A fresh operator then rebuilds from the API and must finish the job on the same node, where groups
+sharing GPUs (CONTRACT §7) then fill what the victim left.
 """
 
 from __future__ import annotations
@@ -55,13 +56,16 @@ async def test_a_crash_at_each_step_leaves_no_leak_and_no_double(
     await asyncio.sleep(HOLD + 0.2)  # the dead operator's last request lands
     watchdog.check()
 
-    # Meanwhile more demand arrives: exactly one more 2-GPU group fits on the node, a 1-GPU group does not.
-    cluster.create(workload.group_body(NS, "rival", {workload.GPU: 2}))
+    # Meanwhile more demand arrives: two groups sharing the node's other 2 GPUs (600m + 400m of each)
+    # fit beside the victim; a whole 1-GPU group then does not.
+    cluster.create(workload.group_body(NS, "rival", {workload.GPU: 2}, share={workload.GPU: {"compute": "600m"}}))
     cluster.create(workload.pod_body(NS, "rival-0", "rival"))
+    cluster.create(workload.group_body(NS, "partner", {workload.GPU: 2}, share={workload.GPU: {"compute": "400m"}}))
+    cluster.create(workload.pod_body(NS, "partner-0", "partner"))
     second = await launch(operator_config(cluster))
     try:
         cluster.create(workload.pod_body(NS, "victim-1", "victim"))
-        for pod in ("victim-0", "victim-1", "rival-0"):
+        for pod in ("victim-0", "victim-1", "rival-0", "partner-0"):
             await workload.until(lambda: node_of(cluster, pod), f"{pod} bound")  # noqa: B023 - awaited at once
         cluster.create(workload.group_body(NS, "third", {workload.GPU: 1}))
         cluster.create(workload.pod_body(NS, "third-0", "third"))
@@ -78,13 +82,15 @@ async def test_a_crash_at_each_step_leaves_no_leak_and_no_double(
         snap = invariants.from_sandbox(cluster)
         invariants.assert_no_double_allocation(snap)
         held = list(invariants.held_devices(snap))
-        assert len(held) == 4, held  # victim's 2 and rival's 2: nothing leaked to a ghost claim
+        assert len(held) == 4, held  # victim's 2, rival's and partner's same 2: nothing leaked to a ghost claim
+        shared = [cluster.get(names.PLURAL, g, NS)["status"]["allocatedDevices"] for g in ("rival", "partner")]
+        assert shared[0] == shared[1], shared
         assert (cluster.get(names.PLURAL, "third", NS).get("status") or {}).get("allocatedDevices") is None
 
         # Deleting everything returns every device: no claim outlives its group.
-        for pod in ("victim-0", "victim-1", "rival-0", "third-0"):
+        for pod in ("victim-0", "victim-1", "rival-0", "partner-0", "third-0"):
             cluster.delete("pods", pod, NS)
-        for group in ("victim", "rival", "third"):
+        for group in ("victim", "rival", "partner", "third"):
             cluster.delete(names.PLURAL, group, NS)
         await workload.until(lambda: not cluster.list(names.PLURAL, NS), "groups released and gone")
     finally:
@@ -124,5 +130,47 @@ async def test_a_dead_operators_late_status_write_never_shows_a_device_twice(
         await asyncio.sleep(1.0)
         snap = invariants.from_sandbox(cluster)
         invariants.assert_no_double_allocation(snap)
+    finally:
+        await kill(second)
+
+
+@pytest.mark.parametrize("step", list(STEPS))
+async def test_a_crash_at_each_step_keeps_a_share_held(cluster: Any, watchdog: Watchdog, step: str) -> None:
+    """The same crash for a sharing group: the restarted operator must still count the victim's share."""
+    workload.ensure_namespace(cluster, NS)
+    method, path = STEPS[step]
+    fault = cluster.inject_fault(method, path, delay=HOLD)
+    share = {workload.GPU: {"compute": "600m"}}
+    cluster.create(workload.group_body(NS, "victim", {workload.GPU: 1}, share=share))
+    cluster.create(workload.pod_body(NS, "victim-0", "victim"))
+
+    first = await launch(operator_config(cluster))
+    await workload.until(lambda: fault.fired, f"the operator to reach {step}", 10, 0.005)
+    await kill(first)
+    await asyncio.sleep(HOLD + 0.2)
+    watchdog.check()
+
+    # The rest of the node goes whole to a rival; a 500m share then fits nowhere (600m + 500m > 1).
+    cluster.create(workload.group_body(NS, "rival", {workload.GPU: 3}))
+    cluster.create(workload.pod_body(NS, "rival-0", "rival"))
+    second = await launch(operator_config(cluster))
+    try:
+        for pod in ("victim-0", "rival-0"):
+            await workload.until(lambda: node_of(cluster, pod), f"{pod} bound")  # noqa: B023 - awaited at once
+        cluster.create(workload.group_body(NS, "third", {workload.GPU: 1}, share={workload.GPU: {"compute": "500m"}}))
+        cluster.create(workload.pod_body(NS, "third-0", "third"))
+
+        def refused() -> str | None:
+            for c in (cluster.get("pods", "third-0", NS) or {}).get("status", {}).get("conditions") or []:
+                if c.get("reason") == "Unschedulable":
+                    return str(c.get("message"))
+            return None
+
+        message = await workload.until(refused, "third-0 refused: no device has 500m left")
+        assert message == "0/1 nodes are available: 1 insufficient nvidia.com/gpu compute."
+        await workload.until(
+            lambda: not invariants.half_bound(invariants.from_sandbox(cluster)), "members and group statuses agree"
+        )
+        invariants.assert_no_double_allocation(invariants.from_sandbox(cluster))
     finally:
         await kill(second)

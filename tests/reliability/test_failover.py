@@ -76,21 +76,26 @@ async def test_the_standby_takes_over_mid_placement_without_double_allocation(
 
         # The active replica dies while its next binding is in flight.
         fault = cluster.inject_fault("POST", rf"/namespaces/{NS}/pods/second-0/binding$", delay=0.5)
-        cluster.create(workload.group_body(NS, "second", {workload.GPU: 2}))
+        cluster.create(workload.group_body(NS, "second", {workload.GPU: 2}, share={workload.GPU: {"compute": "600m"}}))
         cluster.create(workload.pod_body(NS, "second-0", "second"))
         await workload.until(lambda: fault.fired, "the binding of second-0 in flight", 10, 0.005)
         await kill(active)
         cluster.patch("clusterkopfpeerings", PEERING, {"status": {"replica-a": None}}, subresource="status")
 
-        # The standby rebuilds from the API and finishes; the node (4 GPUs) is then full.
+        # The standby rebuilds from the API (the share of "second" from its spec) and finishes: a partner
+        # sharing the rest of second's GPUs fits; then the node (4 GPUs) is full.
         cluster.create(workload.pod_body(NS, "second-1", "second"))
         cluster.create(workload.pod_body(NS, "first-1", "first"))
+        cluster.create(workload.group_body(NS, "partner", {workload.GPU: 2}, share={workload.GPU: {"compute": "400m"}}))
+        cluster.create(workload.pod_body(NS, "partner-0", "partner"))
         cluster.create(workload.group_body(NS, "third", {workload.GPU: 1}))
         cluster.create(workload.pod_body(NS, "third-0", "third"))
-        await workload.until(lambda: len(workload.bound_pods(cluster, NS)) == 4, "the standby bound the rest", 20)
+        await workload.until(lambda: len(workload.bound_pods(cluster, NS)) == 5, "the standby bound the rest", 20)
         await asyncio.sleep(0.5)
         third = cluster.get("pods", "third-0", NS)
         assert not third["spec"].get("nodeName"), "a fifth device was handed out on a 4-device node"
+        partner = cluster.get(names.PLURAL, "partner", NS)["status"]["allocatedDevices"]
+        assert partner == cluster.get(names.PLURAL, "second", NS)["status"]["allocatedDevices"]
         snap = invariants.from_sandbox(cluster)
         invariants.assert_no_double_allocation(snap)
         assert invariants.half_bound(snap) == []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -18,6 +19,19 @@ def group_body(ns: str, name: str, resources: Mapping[str, int] | None = None, *
         "metadata": {"name": name, "namespace": ns},
         "spec": {"resources": dict(resources or {GPU: 1}), **spec},
     }
+
+
+# Shares of one GPU (the sandbox's GPUs declare 80 GiB): compute only, memory only, and both.
+SHARES: tuple[dict[str, str], ...] = ({"compute": "250m"}, {"memory": "20Gi"}, {"compute": "500m", "memory": "40Gi"})
+
+
+def mixed_group_body(
+    rng: random.Random, ns: str, name: str, whole: tuple[int, ...] = (1, 1, 2, 3, 4)
+) -> dict[str, Any]:
+    """A whole-device group or (two times in five) a group taking a share of one or two GPUs."""
+    if rng.random() < 0.4:
+        return group_body(ns, name, {GPU: rng.choice((1, 1, 2))}, share={GPU: dict(rng.choice(SHARES))})
+    return group_body(ns, name, {GPU: rng.choice(whole)})
 
 
 def pod_body(ns: str, name: str, group: str, *, cpu: str = "10m") -> dict[str, Any]:

@@ -40,6 +40,26 @@ MERGE = "application/merge-patch+json"
             "spec.nodeSelector.k",
             "Too long",
         ),
+        (
+            {"resources": {"nvidia.com/gpu": 1}, "share": {"amd.com/gpu": {"compute": "250m"}}},
+            "spec",
+            "every key of spec.share must also be in spec.resources",
+        ),
+        (
+            {"resources": {"nvidia.com/gpu": 1}, "share": {"nvidia.com/gpu": {"compute": 0.5}}},
+            "spec.share.nvidia.com/gpu.compute",
+            "must be of type integer,string",
+        ),
+        (
+            {"resources": {"nvidia.com/gpu": 1}, "share": {"nvidia.com/gpu": {"compute": "1500m"}}},
+            "spec.share.nvidia.com/gpu.compute",
+            "should match",
+        ),
+        (
+            {"resources": {"gpu.intel.com/i915": 1}, "share": {"gpu.intel.com/i915": {"tiles": 1, "memory": "1Gi"}}},
+            "spec.share.gpu.intel.com/i915",
+            "a share entry needs compute, memory or both, or tiles alone",
+        ),
     ],
 )
 async def test_schema_rejects_bad_specs_with_422(
@@ -89,12 +109,14 @@ async def _bound_group(sandbox: Sandbox, http: Http, **spec: Any) -> None:
             "spec.resources is immutable once the group is Bound",
         ),
         ({"spec": {"nodeSelector": {"zone": "a"}}}, "spec.nodeSelector is immutable once the group is Bound"),
+        ({"spec": {"share": {"nvidia.com/gpu": {"compute": "600m"}}}}, "spec.share is immutable"),
+        ({"spec": {"share": None}}, "spec.share is immutable once the group is Bound"),
     ],
 )
 async def test_cel_transition_rules_freeze_a_bound_group(
     sandbox: Sandbox, http: Http, patch: dict[str, Any], message: str
 ) -> None:
-    await _bound_group(sandbox, http)
+    await _bound_group(sandbox, http, share={"nvidia.com/gpu": {"compute": "250m"}})
     status, error = await http.call("PATCH", f"{SDG}/g", patch, content_type=MERGE)
     assert status == 422 and message in error["message"]
 

@@ -324,3 +324,20 @@ def test_patch_applies_and_is_idempotent(
         assert after["env"][: len(before.get("env") or [])] == (before.get("env") or [])
     again = admission.decide(make_review(patched), view, env)
     assert again.allowed and again.patch == [] and again.outcome == "unchanged"
+
+
+SHARING = {"resources": {"nvidia.com/gpu": 1}, "share": {"nvidia.com/gpu": {"compute": "250m", "memory": "4Gi"}}}
+
+
+def test_a_sharing_group_gets_its_limit_vars_wired_and_may_not_set_them() -> None:
+    response = run(make_review(pod("notebook")), groups(notebook=SHARING))["response"]
+    wired = [op["value"] for op in patch_of({"response": response}) if op["path"].endswith("/env")]
+    assert [e["name"] for e in wired[0]] == [
+        "NVIDIA_VISIBLE_DEVICES", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
+    ]
+    assert wired[0][1] == admission.env_entry("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
+    sets_it = pod("notebook", containers=[{"name": "main", "env": [
+        {"name": "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "value": "0=80G"}]}])
+    denied = run(make_review(sets_it), groups(notebook=SHARING))["response"]
+    assert denied["allowed"] is False
+    assert "container 'main' sets env var CUDA_MPS_PINNED_DEVICE_MEM_LIMIT itself" in denied["status"]["message"]

@@ -1,9 +1,17 @@
-"""Which env var(s) make a device resource visible inside a container (CONTRACT §4).
+"""Which env var(s) make a device resource visible inside a container (CONTRACT §4), and which
+carry a sharing group's limits (CONTRACT §7).
 
 The defaults follow each vendor's container runtime. Admins can override or extend them with a
 mapping whose keys are either a resource prefix ending in ``/`` (``nvidia.com/``) or an exact
 resource name (``example.com/fpga``); the most specific key wins. The webhook (which wires the
 env vars) and the operator (which writes their values) must agree, so both read this one module.
+
+Limits of a compute/memory share default to NVIDIA MPS's variables for ``nvidia.com/``:
+``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` (a percentage) and ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``
+(``0=12288M,1=12288M``). HAMi-core reads ``CUDA_DEVICE_SM_LIMIT`` and ``CUDA_DEVICE_MEMORY_LIMIT``
+(``12288m``) instead; configure it with ``limitEnvNames: {"nvidia.com/": "hami-core"}`` or name the
+variables yourself: ``{"nvidia.com/": {compute: X, memory: Y, memoryFormat: mps|hami}}``. Tiles are
+always handed over in ``ZE_AFFINITY_MASK`` (``<ordinal>.<tile>``), as Intel's runtime reads them.
 """
 
 from __future__ import annotations
@@ -11,12 +19,16 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import yaml
 
 from deviceshare import errors
+
+if TYPE_CHECKING:
+    from deviceshare.api import models
 
 DEFAULT_ENV_NAMES: Mapping[str, tuple[str, ...]] = {
     "nvidia.com/": ("NVIDIA_VISIBLE_DEVICES",),
@@ -25,6 +37,25 @@ DEFAULT_ENV_NAMES: Mapping[str, tuple[str, ...]] = {
     "gpu.intel.com/": ("ZE_AFFINITY_MASK",),
     "habana.ai/": ("HABANA_VISIBLE_DEVICES",),
 }
+
+_T = TypeVar("_T")
+MemoryFormat = Literal["mps", "hami"]
+
+
+@dataclass(frozen=True, slots=True)
+class LimitEnvNames:
+    """The env vars that carry a share's limits to the container; None: that limit is not passed."""
+
+    compute: str | None
+    memory: str | None
+    memory_format: MemoryFormat = "mps"  # mps: "0=12288M,1=12288M"; hami: "12288m" for every device
+
+
+MPS_LIMITS = LimitEnvNames("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "mps")
+HAMI_CORE_LIMITS = LimitEnvNames("CUDA_DEVICE_SM_LIMIT", "CUDA_DEVICE_MEMORY_LIMIT", "hami")
+DEFAULT_LIMIT_ENV_NAMES: Mapping[str, LimitEnvNames] = {"nvidia.com/": MPS_LIMITS}
+PRESETS: Mapping[str, LimitEnvNames] = {"mps": MPS_LIMITS, "hami-core": HAMI_CORE_LIMITS}
+TILE_ENV_NAME = "ZE_AFFINITY_MASK"
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _RESOURCE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
@@ -49,19 +80,43 @@ def fallback_env_name(resource: str) -> str:
 class EnvNames:
     """Resolves a resource name to the env vars that carry its device IDs."""
 
-    def __init__(self, overrides: Mapping[str, Sequence[str]] | None = None) -> None:
+    def __init__(
+        self,
+        overrides: Mapping[str, Sequence[str]] | None = None,
+        limits: Mapping[str, LimitEnvNames] | None = None,
+    ) -> None:
         table: dict[str, tuple[str, ...]] = dict(DEFAULT_ENV_NAMES)
         for key, names in (overrides or {}).items():
             table[key] = _validated(key, names)
         self._table = table
+        self._limits: dict[str, LimitEnvNames] = {**DEFAULT_LIMIT_ENV_NAMES, **(limits or {})}
 
     def for_resource(self, resource: str) -> tuple[str, ...]:
-        if resource in self._table:
-            return self._table[resource]
-        prefixes = [k for k in self._table if k.endswith("/") and resource.startswith(k)]
-        if prefixes:
-            return self._table[max(prefixes, key=len)]
-        return (fallback_env_name(resource),)
+        found = _most_specific(self._table, resource)
+        return found if found is not None else (fallback_env_name(resource),)
+
+    def limits_for(self, resource: str) -> LimitEnvNames | None:
+        """The env vars that carry a compute/memory share's limits for ``resource``, if any."""
+        return _most_specific(self._limits, resource)
+
+    def for_group(self, spec: models.GroupSpec) -> list[str]:
+        """Every env var a group's members get from the operator (and so must not set themselves):
+        the visibility variables of its resources, then the limit and tile variables of its shares."""
+        out: dict[str, None] = {}
+        for resource in spec.resources:
+            out.update(dict.fromkeys(self.for_resource(resource)))
+        for resource, share in sorted(spec.share.items()):
+            if share.tiles is not None:
+                out[TILE_ENV_NAME] = None
+                continue
+            limits = self.limits_for(resource)
+            if limits is None:
+                continue
+            if share.compute is not None and limits.compute:
+                out[limits.compute] = None
+            if share.memory is not None and limits.memory:
+                out[limits.memory] = None
+        return list(out)
 
     def for_resources(self, resources: Sequence[str]) -> dict[str, tuple[str, ...]]:
         """resource -> env names, for each resource in order."""
@@ -69,6 +124,12 @@ class EnvNames:
 
     def as_dict(self) -> dict[str, list[str]]:
         return {k: list(v) for k, v in self._table.items()}
+
+    def limits_as_dict(self) -> dict[str, dict[str, str | None]]:
+        return {
+            k: {"compute": v.compute, "memory": v.memory, "memoryFormat": v.memory_format}
+            for k, v in self._limits.items()
+        }
 
     @classmethod
     def from_file(cls, path: str | Path) -> EnvNames:
@@ -87,16 +148,63 @@ class EnvNames:
     def from_mapping(cls, data: Any, *, source: str = "config") -> EnvNames:
         if data is None:
             return cls()
-        if isinstance(data, Mapping) and "envNames" in data:
-            data = data["envNames"]
+        limits: dict[str, LimitEnvNames] = {}
+        if isinstance(data, Mapping) and ("envNames" in data or "limitEnvNames" in data):
+            limits = _limits(data.get("limitEnvNames") or {}, source)
+            data = data.get("envNames") or {}
         if isinstance(data, str):  # a ConfigMap value holding JSON
             try:
                 data = json.loads(data)
             except json.JSONDecodeError as e:
                 raise EnvNameConfigError(f"{source}: envNames is not valid JSON: {e}") from e
-        if not isinstance(data, Mapping):
-            raise EnvNameConfigError(f"{source}: envNames must be a mapping of resource -> env var names")
-        return cls({str(k): v for k, v in data.items()})
+        return cls(_plain(data, source), limits)
+
+
+def _plain(data: Any, source: str) -> dict[str, Any]:
+    if not isinstance(data, Mapping):
+        raise EnvNameConfigError(f"{source}: envNames must be a mapping of resource -> env var names")
+    return {str(k): v for k, v in data.items()}
+
+
+def _most_specific(table: Mapping[str, _T], resource: str) -> _T | None:
+    if resource in table:
+        return table[resource]
+    prefixes = [k for k in table if k.endswith("/") and resource.startswith(k)]
+    return table[max(prefixes, key=len)] if prefixes else None
+
+
+def _limits(data: Any, source: str) -> dict[str, LimitEnvNames]:
+    """``{"nvidia.com/": "hami-core"}`` or ``{"nvidia.com/": {compute: X, memory: Y, memoryFormat: hami}}``."""
+    if isinstance(data, str):
+        try:
+            data = json.loads(data)
+        except json.JSONDecodeError as e:
+            raise EnvNameConfigError(f"{source}: limitEnvNames is not valid JSON: {e}") from e
+    if not isinstance(data, Mapping):
+        raise EnvNameConfigError(f"{source}: limitEnvNames must be a mapping of resource -> limit env names")
+    out: dict[str, LimitEnvNames] = {}
+    for key, value in data.items():
+        key = str(key)
+        if not (key.endswith("/") or "/" in key):
+            raise EnvNameConfigError(f"limit env-name key {key!r} must be a resource prefix or name")
+        if isinstance(value, str):
+            if value not in PRESETS:
+                raise EnvNameConfigError(f"limit env names for {key!r}: {value!r} is none of {sorted(PRESETS)}")
+            out[key] = PRESETS[value]
+            continue
+        if not isinstance(value, Mapping) or set(value) - {"compute", "memory", "memoryFormat"}:
+            raise EnvNameConfigError(
+                f"limit env names for {key!r} must be a preset name or {{compute, memory, memoryFormat}}"
+            )
+        names = {k: value.get(k) for k in ("compute", "memory")}
+        for kind, n in names.items():
+            if n is not None and (not isinstance(n, str) or not _ENV_NAME.match(n)):
+                raise EnvNameConfigError(f"limit env names for {key!r}: {kind} {n!r} is not a valid env var name")
+        fmt = value.get("memoryFormat", "mps")
+        if fmt not in ("mps", "hami"):
+            raise EnvNameConfigError(f"limit env names for {key!r}: memoryFormat must be mps or hami, got {fmt!r}")
+        out[key] = LimitEnvNames(names["compute"], names["memory"], fmt)
+    return out
 
 
 def _validated(key: str, names: Any) -> tuple[str, ...]:

@@ -11,10 +11,18 @@ import re
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictInt,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 
-from deviceshare.api import names
+from deviceshare.api import names, quantities
 
 MAX_RESOURCES = 16
 MAX_DEVICES_PER_RESOURCE = 64
@@ -23,12 +31,27 @@ MAX_SELECTOR_ENTRIES = 64
 MAX_LABEL_VALUE_LENGTH = 63
 RESOURCE_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
 
+MAX_TILES_PER_DEVICE = 64
+# A device's compute share in (0, 1], as a string: 1m..1000m, a decimal with at most three places
+# (0.5, .25, 0.001), or 1. Thousandths are the resolution: MPS takes a whole percentage anyway.
+COMPUTE_PATTERN = r"^(([1-9][0-9]{0,2}|1000)m|0?\.([1-9][0-9]{0,2}|0[1-9][0-9]?|00[1-9])|1(\.0{0,3})?)$"
+# Device memory, positive, in bytes or with a binary/decimal multiple (12Gi, 12288Mi, 1.5Gi, 16G).
+MEMORY_PATTERN = (
+    r"^([0-9]*[1-9][0-9]*(\.[0-9]*)?|[0-9]*\.[0-9]*[1-9][0-9]*)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$"
+)
+
 Strategy = Literal["binpack", "spread"]
 Phase = Literal["Pending", "Bound", "Releasing"]
 ConditionStatus = Literal["True", "False", "Unknown"]
 DeviceCount = Annotated[int, Field(ge=1, le=MAX_DEVICES_PER_RESOURCE)]
 ResourceName = Annotated[str, StringConstraints(pattern=RESOURCE_NAME_PATTERN, max_length=253)]
 LabelValue = Annotated[str, StringConstraints(max_length=MAX_LABEL_VALUE_LENGTH)]
+# int-or-string quantities, as the CRD declares them (x-kubernetes-int-or-string): the integer 1, or
+# a string matching the pattern. A YAML float (0.5) is neither; write "0.5" or 500m.
+ComputeQuantity = (
+    Annotated[StrictInt, Field(ge=1, le=1)] | Annotated[str, StringConstraints(pattern=COMPUTE_PATTERN)]
+)
+MemoryQuantity = Annotated[StrictInt, Field(ge=1)] | Annotated[str, StringConstraints(pattern=MEMORY_PATTERN)]
 # RFC 3339 as metav1.Time writes it; the CRD declares `format: date-time`.
 _RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$")
 
@@ -41,12 +64,57 @@ class _Model(BaseModel):
         return self.model_dump(by_alias=True, exclude_none=True, mode="json")
 
 
+class DeviceShare(_Model):
+    """The part of each device of one resource a sharing group takes (CONTRACT §7).
+
+    Either ``compute`` and/or ``memory`` (other sharers may use the rest), or ``tiles`` alone
+    (whole sub-devices). The wire keeps the quantities as written; ``compute_milli`` and
+    ``memory_bytes`` are the numbers the ledger counts in.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    compute: ComputeQuantity | None = None
+    memory: MemoryQuantity | None = None
+    tiles: int | None = Field(default=None, ge=1, le=MAX_TILES_PER_DEVICE)
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> DeviceShare:
+        if self.tiles is not None and (self.compute is not None or self.memory is not None):
+            raise ValueError("tiles stands alone in a share entry: no compute or memory beside it")
+        if self.tiles is None and self.compute is None and self.memory is None:
+            raise ValueError("a share entry needs compute, memory or both (or tiles alone)")
+        return self
+
+    @property
+    def compute_milli(self) -> int:
+        """Thousandths of the device's compute; 0 when not asked."""
+        return 0 if self.compute is None else quantities.parse_milli(self.compute)
+
+    @property
+    def memory_bytes(self) -> int:
+        """Bytes of device memory; 0 when not asked."""
+        return 0 if self.memory is None else quantities.parse_bytes(self.memory)
+
+    def describe(self) -> str:
+        """``compute=460m,memory=12Gi`` or ``tiles=1``, for messages."""
+        if self.tiles is not None:
+            return f"tiles={self.tiles}"
+        parts = []
+        if self.compute is not None:
+            parts.append(f"compute={self.compute}")
+        if self.memory is not None:
+            parts.append(f"memory={self.memory}")
+        return ",".join(parts)
+
+
 class GroupSpec(_Model):
-    """What a group asks for. ``resources`` and ``nodeSelector`` are immutable once Bound."""
+    """What a group asks for. ``resources``, ``share`` and ``nodeSelector`` are immutable once Bound."""
 
     model_config = ConfigDict(extra="forbid")
 
     resources: dict[ResourceName, DeviceCount] = Field(min_length=1, max_length=MAX_RESOURCES)
+    share: dict[str, DeviceShare] = Field(default_factory=dict, max_length=MAX_RESOURCES)
     node_selector: dict[str, LabelValue] = Field(default_factory=dict, max_length=MAX_SELECTOR_ENTRIES)
     scheduling_strategy: Strategy = "binpack"
     max_members: int = Field(default=0, ge=0, le=MAX_MEMBERS_LIMIT)
@@ -55,6 +123,18 @@ class GroupSpec(_Model):
     @classmethod
     def _ordered(cls, v: dict[str, int]) -> dict[str, int]:
         return dict(sorted(v.items()))
+
+    @model_validator(mode="after")
+    def _share_keys_are_resources(self) -> GroupSpec:
+        unknown = sorted(set(self.share) - set(self.resources))
+        if unknown:
+            raise ValueError(f"spec.share names {unknown}, which spec.resources does not list")
+        return self
+
+    @property
+    def shares(self) -> dict[str, DeviceShare]:
+        """resource -> share, for the resources shared with other groups (empty: whole devices)."""
+        return dict(sorted(self.share.items()))
 
 
 class Condition(_Model):
@@ -79,6 +159,7 @@ class GroupStatus(_Model):
     phase: Phase = "Pending"
     node_name: str | None = None
     allocated_devices: dict[str, list[str]] = Field(default_factory=dict)
+    allocated_tiles: dict[str, list[str]] = Field(default_factory=dict)  # resource -> "<device>.<tile>"
     members: list[str] = Field(default_factory=list)
     member_count: int = Field(default=0, ge=0)
     observed_generation: int | None = None

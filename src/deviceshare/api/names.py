@@ -22,12 +22,22 @@ SHARED_NODE_TAINT_VALUE: Final = "true"
 SHARED_NODE_TAINT_EFFECT: Final = "NoExecute"
 # A namespace with this label set to "true" may tolerate the taint without being a member.
 NAMESPACE_EXEMPT_LABEL: Final = "deviceshare.io/exempt"
+# Device capacity for sharing (CONTRACT §7): JSON resource -> quantity / integer per device.
+NODE_DEVICE_MEMORY_ANNOTATION: Final = "deviceshare.io/device-memory"
+NODE_DEVICE_TILES_ANNOTATION: Final = "deviceshare.io/device-tiles"
+# What the vendors' feature discovery publishes: MiB per NVIDIA GPU; Intel tiles summed over the node.
+NVIDIA_GPU_MEMORY_LABEL: Final = "nvidia.com/gpu.memory"
+NVIDIA_GPU_RESOURCE: Final = "nvidia.com/gpu"
+INTEL_TILES_LABEL: Final = "gpu.intel.com/tiles"
+INTEL_RESOURCE_PREFIX: Final = "gpu.intel.com/"
 
 # Pods
 POD_GROUP_ANNOTATION: Final = "deviceshare.io/device-group"
 POD_GROUP_LABEL: Final = "deviceshare.io/group"
 POD_SELECTED_DEVICES_ANNOTATION: Final = "deviceshare.io/selected-devices"
 POD_ENV_ANNOTATION_PREFIX: Final = "deviceshare.io/env."
+# Status of a sharing group: resource -> "<device-id>.<tile>" (CONTRACT §7).
+STATUS_ALLOCATED_TILES: Final = "allocatedTiles"
 
 # The finalizer that holds a group's deletion until no member runs on its devices.
 GROUP_FINALIZER: Final = "deviceshare.io/release-devices"

@@ -80,6 +80,7 @@ async def demo(args: argparse.Namespace) -> int:
     from deviceshare.kube import applying, connecting
     from deviceshare.operator.process import OperatorThread
     from deviceshare.sandbox import Sandbox, identity
+    from deviceshare.sandbox.cluster import INTEL_RESOURCE as INTEL
     from deviceshare.webhooks import certs, configuration, server
 
     started = time.perf_counter()
@@ -87,12 +88,13 @@ async def demo(args: argparse.Namespace) -> int:
     async with contextlib.AsyncExitStack() as stack:
         sandbox = await stack.enter_async_context(
             Sandbox(nodes=args.nodes, gpus=args.gpus, kubeconfig_path=args.kubeconfig.resolve(),
-                    kubelet_delay=0.2, shared_taint=True, deployments=True)
+                    kubelet_delay=0.2, shared_taint=True, deployments=True, intel_nodes=1)
         )
         policies = _admission_policies()  # as a cluster installed from manifests/base runs them
         for doc in policies:
             sandbox.create(doc)
-        print(f"sandbox: {args.nodes} nodes x {args.gpus} nvidia.com/gpu at {sandbox.url}", file=out)
+        print(f"sandbox: {args.nodes} nodes x {args.gpus} nvidia.com/gpu ({sandbox.gpu_memory_mib} MiB each) and "
+              f"1 node x 2 {INTEL} (2 tiles each) at {sandbox.url}", file=out)
         api = await connecting.api_client(str(sandbox.kubeconfig))
         stack.push_async_callback(api.close)
 
@@ -165,12 +167,17 @@ def _running(pod: dict[str, Any] | None) -> bool:
 
 
 def _print_groups(sandbox: Sandbox, out: Any) -> None:
-    rows = [("NAMESPACE", "GROUP", "PHASE", "NODE", "DEVICES", "MEMBERS")]
+    rows = [("NAMESPACE", "GROUP", "PHASE", "NODE", "DEVICES", "SHARE", "MEMBERS")]
     for g in sorted(sandbox.list(names.PLURAL), key=lambda g: (g["metadata"]["namespace"], g["metadata"]["name"])):
         st = g.get("status") or {}
         devices = "; ".join(f"{r}={','.join(ids)}" for r, ids in sorted((st.get("allocatedDevices") or {}).items()))
+        tiles = [t for ids in (st.get("allocatedTiles") or {}).values() for t in ids]
+        share = "; ".join(",".join(f"{k}={v}" for k, v in sorted(s.items()))
+                          for s in ((g.get("spec") or {}).get("share") or {}).values())
         rows.append((g["metadata"]["namespace"], g["metadata"]["name"], st.get("phase", "-"),
-                     st.get("nodeName", "-"), devices or "-", ",".join(st.get("members") or []) or "-"))
+                     st.get("nodeName", "-"), devices or "-",
+                     (share + (f" tiles {','.join(tiles)}" if tiles else "")).replace(" ", "") or "whole",
+                     ",".join(st.get("members") or []) or "-"))
     inspect_cmd.print_table(rows, out)
 
 

@@ -5,6 +5,11 @@ The operator keeps its ledger in memory, so the truth a user can see lives in th
 :func:`deviceshare.core.inventory.node_from_object` reads it (the same parser the operator uses, so
 device IDs match). :func:`device_map` rebuilds the per-device holdings from those; ``explain`` reuses
 it for its "free devices per node" hint. Two groups claiming one device are shown as CONFLICT.
+
+A device shared by groups (CONTRACT §7) lists each holder with its share (from the group's spec,
+immutable once Bound; tiles from ``status.allocatedTiles``) and what is left of the device; the
+capacity arithmetic is the core's (:mod:`deviceshare.core.capacity`), so an over-committed device
+or one used two ways at once is a CONFLICT here exactly when the operator would report it.
 """
 
 from __future__ import annotations
@@ -17,8 +22,9 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TextIO
 
-from deviceshare.api import names
-from deviceshare.core import inventory
+from deviceshare.api import names, quantities
+from deviceshare.cli import shareview
+from deviceshare.core import capacity, inventory
 
 if TYPE_CHECKING:
     from kubernetes_asyncio import client as k8s
@@ -36,10 +42,18 @@ class Holder:
     name: str
     phase: str
     members: tuple[str, ...]
+    share: capacity.Share | None = None  # of this device's resource; None: the whole device
+    tiles: tuple[int, ...] = ()  # tile indices of this device, for a tile holder
 
     @property
     def ref(self) -> str:
         return f"{self.namespace}/{self.name}"
+
+    def describe_share(self) -> str:
+        if self.share is None:
+            return "whole"
+        text = self.share.describe()
+        return f"{text}:{','.join(map(str, self.tiles))}" if self.tiles else text
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,10 +61,45 @@ class Device:
     id: str
     holders: tuple[Holder, ...]
     in_inventory: bool = True
+    memory_cap: int | None = None  # bytes the node declares per device of this resource
+    tiles_cap: int = 0
+
+    def use(self) -> capacity.DeviceUse | None:
+        """The parts sharing holders took, summed by the core's arithmetic; None when nobody shares."""
+        use: capacity.DeviceUse | None = None
+        for h in self.holders:
+            if h.share is not None:
+                use = capacity.with_part(use, capacity.Part((h.namespace, h.name), h.share, h.tiles))
+        return use
+
+    @property
+    def problem(self) -> str | None:
+        """What is wrong with the holders together (as the operator's rebuild would report it), or None."""
+        whole = sum(1 for h in self.holders if h.share is None)
+        if whole > 1:
+            return "held by several groups"
+        use = self.use()
+        if use is None:
+            return None
+        return capacity.overcommit(use, self.memory_cap, self.tiles_cap, whole=bool(whole))
 
     @property
     def conflict(self) -> bool:
-        return len(self.holders) > 1
+        return self.problem is not None
+
+    def left(self) -> dict[str, Any]:
+        """What sharers of the device's kind may still take (``{"compute": "540m", "memory": "56Gi"}``,
+        ``{"tiles": 1}``); empty for a device held whole or free."""
+        use = self.use()
+        if use is None or use.kind is None:
+            return {}
+        if use.kind is capacity.Kind.TILES:
+            return {"tiles": max(0, self.tiles_cap - len(set(use.tiles)))}
+        left: dict[str, Any] = {
+            "compute": quantities.format_milli(max(0, capacity.COMPUTE_FULL - use.compute_milli))}
+        if self.memory_cap is not None:
+            left["memory"] = quantities.format_bytes(max(0, self.memory_cap - use.memory_bytes))
+        return left
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,10 +154,12 @@ def device_map(nodes: Sequence[Mapping[str, Any]], groups: Sequence[Mapping[str,
         node = status.get("nodeName")
         if not node:
             continue
-        holder = _holder(group)
+        holder, shares = _holder(group), shareview.shares(group)
         for resource, ids in (status.get("allocatedDevices") or {}).items():
+            tiles = shareview.tiles(status, resource)
             for device_id in ids or []:
-                claims.setdefault(str(node), {}).setdefault(resource, {}).setdefault(str(device_id), []).append(holder)
+                held = dataclasses.replace(holder, share=shares.get(resource), tiles=tiles.get(str(device_id), ()))
+                claims.setdefault(str(node), {}).setdefault(resource, {}).setdefault(str(device_id), []).append(held)
 
     infos = {info.name: info for info in (inventory.node_from_object(n) for n in nodes)}
     out: list[NodeDevices] = []
@@ -120,8 +171,11 @@ def device_map(nodes: Sequence[Mapping[str, Any]], groups: Sequence[Mapping[str,
         for resource in sorted(set(offered) | set(claimed)):
             ids = offered.get(resource, ())
             by_id = claimed.get(resource, {})
-            devices = [Device(i, tuple(by_id.get(i, ()))) for i in ids]
-            devices += [Device(i, tuple(h), in_inventory=False) for i, h in sorted(by_id.items()) if i not in ids]
+            caps = {"memory_cap": info.device_memory.get(resource) if info else None,
+                    "tiles_cap": info.device_tiles.get(resource, 0) if info else 0}
+            devices = [Device(i, tuple(by_id.get(i, ())), **caps) for i in ids]  # type: ignore[arg-type]
+            devices += [Device(i, tuple(h), False, **caps)  # type: ignore[arg-type]
+                        for i, h in sorted(by_id.items()) if i not in ids]
             resources[resource] = tuple(devices)
         out.append(NodeDevices(
             name=name,
@@ -174,9 +228,11 @@ def to_json(nodes: Sequence[NodeDevices]) -> dict[str, Any]:
                                 "id": d.id,
                                 "inInventory": d.in_inventory,
                                 "conflict": d.conflict,
+                                **({"problem": d.problem} if d.problem else {}),
+                                **({"left": d.left()} if d.left() else {}),
                                 "groups": [
                                     {"namespace": h.namespace, "name": h.name, "phase": h.phase,
-                                     "members": list(h.members)}
+                                     "members": list(h.members), **shareview.share_json(h.share, h.tiles)}
                                     for h in d.holders
                                 ],
                             }
@@ -206,16 +262,20 @@ def render_table(nodes: Sequence[NodeDevices], out: TextIO) -> None:
     if not nodes:
         out.write("No shared-mode nodes (label nodes deviceshare.io/mode=shared) and no group holds devices.\n")
         return
-    rows: list[tuple[str, ...]] = [("NODE", "RESOURCE", "DEVICE", "GROUP", "MEMBERS", "NOTE")]
+    rows: list[tuple[str, ...]] = [("NODE", "RESOURCE", "DEVICE", "GROUP", "SHARE", "MEMBERS", "LEFT", "NOTE")]
     for n in nodes:
         for resource, devices in n.resources.items():
             for d in devices:
                 notes = [CONFLICT] if d.conflict else []
                 if not d.in_inventory:
                     notes.append(NOT_IN_INVENTORY)
-                group = ",".join(h.ref for h in d.holders) or FREE
-                members = ";".join(",".join(h.members) or "(none)" for h in d.holders) or FREE
-                rows.append((n.name, resource, d.id, group, members, " ".join(notes)))
+                left = ",".join(f"{k}={v}" for k, v in d.left().items()) or FREE
+                if not d.holders:
+                    rows.append((n.name, resource, d.id, FREE, FREE, FREE, left, " ".join(notes)))
+                # One row per holder: a shared device lists each group with its share.
+                for h in d.holders:
+                    rows.append((n.name, resource, d.id, h.ref, h.describe_share(), ",".join(h.members) or "(none)",
+                                 left, " ".join(notes)))
     print_table(rows, out)
     out.write("\n")
     for n in nodes:

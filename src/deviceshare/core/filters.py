@@ -9,7 +9,7 @@ Placement and the per-member check share these, so the two can never disagree.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from deviceshare.core import inventory, reasons
 
@@ -139,8 +139,12 @@ def first_failure(
     resources: Mapping[str, int],
     group_selector: Mapping[str, str],
     pod: inventory.PodDemand,
+    devices_check: Callable[[], str | None] | None = None,
 ) -> str | None:
-    """Why a new group (first pod ``pod``) cannot go to ``node``; None if it can."""
+    """Why a new group (first pod ``pod``) cannot go to ``node``; None if it can.
+
+    ``devices_check`` replaces the whole-device count check (sharing groups measure capacity).
+    """
     if not node.shared:
         return reasons.NOT_SHARED
     if not node.ready:
@@ -154,7 +158,7 @@ def first_failure(
         return reasons.NODE_AFFINITY
     if group_selector and not selector_matches(node.labels, group_selector):
         return reasons.GROUP_SELECTOR
-    failure = devices_failure(node, free, resources)
+    failure = devices_failure(node, free, resources) if devices_check is None else devices_check()
     if failure is not None:
         return failure
     return resources_failure(node, pod, cpu_used, memory_used)

@@ -8,16 +8,13 @@ Reading a node never raises: a malformed device annotation or quantity becomes a
 
 from __future__ import annotations
 
-import decimal
-import functools
 import json
-import math
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from deviceshare.api import names
+from deviceshare.api import names, quantities
+from deviceshare.core import devicecapacity
 
 GroupKey = tuple[str, str]  # (namespace, name)
 PodKey = tuple[str, str]  # (namespace, name)
@@ -52,6 +49,9 @@ class NodeInfo:
     cpu_milli: int
     memory_bytes: int
     problems: tuple[str, ...] = ()
+    # Per-device capacity for sharing groups (CONTRACT §7); a resource absent here declared none.
+    device_memory: Mapping[str, int] = field(default_factory=dict)  # resource -> bytes per device
+    device_tiles: Mapping[str, int] = field(default_factory=dict)  # resource -> tiles per device
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,56 +82,17 @@ class PodDemand:
 
 # --- quantities ---------------------------------------------------------------------------------
 
-_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
-_DECIMAL = {"n": "1e-9", "u": "1e-6", "m": "1e-3", "": "1", "k": "1e3", "M": "1e6", "G": "1e9",
-            "T": "1e12", "P": "1e15", "E": "1e18"}
-
-
-_QUANTITY = re.compile(
-    r"^([+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+))(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?[0-9]+)?$"
-)
-
-
-def _quantity(q: str | int | float) -> decimal.Decimal:
-    """A Kubernetes resource.Quantity as an exact decimal; ValueError when it is not one."""
-    if isinstance(q, bool):
-        raise ValueError(f"not a quantity: {q!r}")
-    if isinstance(q, int):
-        return decimal.Decimal(q)
-    if isinstance(q, float):
-        if not math.isfinite(q):
-            raise ValueError(f"not a quantity: {q!r}")
-        return decimal.Decimal(repr(q))
-    match = _QUANTITY.match(str(q).strip())
-    if not match:
-        raise ValueError(f"not a quantity: {q!r}")
-    number, suffix = decimal.Decimal(match.group(1)), match.group(2) or ""
-    if suffix in _BINARY:
-        return number * _BINARY[suffix]
-    if suffix[:1] in ("e", "E") and len(suffix) > 1:
-        return number.scaleb(int(suffix[1:]))
-    return number * decimal.Decimal(_DECIMAL[suffix])
+_quantity = quantities.quantity
 
 
 def parse_cpu(q: str | int | float) -> int:
     """CPU quantity in millicores, rounded up like the API server does ("100m", "2", "0.5")."""
-    return _cpu(q, type(q).__name__)
+    return quantities.parse_milli(q)
 
 
 def parse_memory(q: str | int | float) -> int:
     """Memory quantity in bytes, rounded up ("512Mi", "1G", "1e9")."""
-    return _memory(q, type(q).__name__)
-
-
-# Cached: 10,000 pods carry a handful of distinct quantities (the type keeps 1 and "1" apart).
-@functools.lru_cache(maxsize=4096)
-def _cpu(q: str | int | float, _type: str) -> int:
-    return math.ceil(_quantity(q) * 1000)
-
-
-@functools.lru_cache(maxsize=4096)
-def _memory(q: str | int | float, _type: str) -> int:
-    return math.ceil(_quantity(q))
+    return quantities.parse_bytes(q)
 
 
 def _count(q: object) -> int:
@@ -184,6 +145,8 @@ def node_from_object(obj: Mapping[str, Any]) -> NodeInfo:
         # Handing out "0".."N-1" when the admin listed UUIDs would name the wrong devices.
         devices = {}
 
+    device_memory, device_tiles = devicecapacity.read(labels, annotations, devices, problems)
+
     cpu, memory = 0, 0
     try:
         cpu = parse_cpu(allocatable["cpu"]) if "cpu" in allocatable else 0
@@ -213,6 +176,8 @@ def node_from_object(obj: Mapping[str, Any]) -> NodeInfo:
         cpu_milli=cpu,
         memory_bytes=memory,
         problems=tuple(problems),
+        device_memory=device_memory,
+        device_tiles=device_tiles,
     )
 
 

@@ -1,184 +1,43 @@
-"""The device ledger: the one authority on which group holds which device on which node.
+"""The device ledger: the one authority on which group holds which device (or part of it) on which node.
 
 It follows the DRA scheduler's discipline: a placement is decided on an immutable
 :class:`LedgerSnapshot`, then *reserved* here (in flight), *committed* once the group's status
 is persisted, and *released* when the group is gone. Every change bumps ``revision``, so a
 decision taken on an older snapshot can tell that the world moved and retry.
 
-Invariant, always: a device ID on a node is never given to a second group. The one way two
-groups can hold the same device is :meth:`DeviceLedger.rebuild` finding it already so in the
-API; then both keep it, it is reported, and nobody else gets it until both released it.
-
-The ledger also keeps, per device resource, an index of *open* nodes (shared, ready, not
-cordoned, valid inventory) by their number of free devices, so placement can walk nodes in
-score order instead of scanning the cluster.
+Invariant, always: a device is held whole by one group, **or** shared by compute/memory sharers
+within its capacity, **or** split in tiles each held by one group (CONTRACT §7), one kind at a
+time. The one way this can be broken is :meth:`DeviceLedger.rebuild` finding it already so in the
+API; then every claimant keeps what it claimed, it is reported, and nobody else gets the device
+(or any more of it) until they released it. Like the DRA allocator, the ledger keeps the parts a
+shared device gave out (and their sums) beside the wholly held devices.
 """
 
 from __future__ import annotations
 
-import bisect
-import enum
 import threading
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
 
-from deviceshare.core import inventory
+from deviceshare.core import capacity, claims, inventory, snapshots
 
 GroupKey = inventory.GroupKey
 PodKey = inventory.PodKey
-
-
-class AllocationState(enum.Enum):
-    RESERVED = "reserved"  # decided and held, not yet persisted in the group's status
-    COMMITTED = "committed"  # persisted in the API
-
-
-@dataclass(frozen=True, slots=True)
-class Allocation:
-    group: GroupKey
-    node: str
-    devices: Mapping[str, tuple[str, ...]]
-    state: AllocationState
-
-
-class DeviceConflict(Exception):
-    """A requested device is held by another group, or the node does not offer it."""
-
-    def __init__(
-        self, node: str, resource: str, device: str, holder: GroupKey | None, detail: str = ""
-    ) -> None:
-        self.node, self.resource, self.device, self.holder = node, resource, device, holder
-        if not detail:
-            detail = (
-                f"held by group {holder[0]}/{holder[1]}" if holder else "not offered by the node's inventory"
-            )
-        super().__init__(f"device {resource}={device} on node {node}: {detail}")
-
-
-@dataclass(frozen=True, slots=True)
-class Claim:
-    """A group's devices as the API shows them (its status, or a member pod's annotation)."""
-
-    group: GroupKey
-    node: str
-    devices: Mapping[str, Sequence[str]]
-    source: str  # "status of ml/trainer" (wins over pods) or "pod ml/trainer-0"
-
-    @property
-    def from_status(self) -> bool:
-        return self.source.startswith("status")
-
-
-@dataclass(frozen=True, slots=True)
-class ClaimConflict:
-    node: str
-    resource: str
-    device: str
-    groups: tuple[GroupKey, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class RebuildReport:
-    allocations: int
-    conflicts: tuple[ClaimConflict, ...]
-    problems: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class NodeState:
-    """One node as placement sees it: inventory, free devices (inventory order), pod usage."""
-
-    info: inventory.NodeInfo
-    free: Mapping[str, tuple[str, ...]]
-    cpu_used: int
-    memory_used: int
-
-
-@dataclass(frozen=True, slots=True)
-class LedgerSnapshot:
-    """An immutable view of the ledger at one revision: all placement reads."""
-
-    revision: int
-    nodes: NodeStates
-    # resource -> free device count -> names of open nodes with that many free, sorted
-    index: Mapping[str, Mapping[int, tuple[str, ...]]]
-    _counts: dict[str, tuple[int, ...]] = field(default_factory=dict, repr=False, compare=False)
-
-    def candidates(self, resource: str, need: int, descending: bool = False) -> Iterator[str]:
-        """Open nodes with at least ``need`` free devices: by free count, then by name."""
-        buckets = self.index.get(resource)
-        if not buckets:
-            return
-        counts = self._counts.get(resource)
-        if counts is None:
-            counts = self._counts[resource] = tuple(sorted(buckets))
-        start = bisect.bisect_left(counts, need)
-        for count in (reversed(counts[start:]) if descending else counts[start:]):
-            yield from buckets[count]
-
-    def candidate_states(self, resource: str, need: int, descending: bool = False) -> Iterator[NodeState]:
-        """Like :meth:`candidates`, the node states themselves (the placement hot loop)."""
-        shards = self.nodes.shards
-        for name in self.candidates(resource, need, descending):
-            yield shards[hash(name) % _SHARDS][name]
-
-    def candidate_count(self, resource: str, need: int) -> int:
-        return sum(len(names) for count, names in self.index.get(resource, {}).items() if count >= need)
-
-
-_SHARDS = 64
-
-
-class NodeStates(Mapping[str, NodeState]):
-    """Node states split in shards, so a snapshot shares them and a write copies one shard only.
-
-    Copying one dict of 5,000 nodes per decision would dominate a placement; copy-on-write per
-    shard keeps snapshots O(shards) and a write O(nodes / shards).
-    """
-
-    __slots__ = ("_shards",)
-
-    def __init__(self, shards: tuple[dict[str, NodeState], ...]) -> None:
-        self._shards = shards
-
-    @property
-    def shards(self) -> tuple[dict[str, NodeState], ...]:
-        return self._shards
-
-    def __getitem__(self, name: str) -> NodeState:
-        return self._shards[hash(name) % _SHARDS][name]
-
-    def get(self, name: str, default: object = None) -> Any:
-        return self._shards[hash(name) % _SHARDS].get(name, default)
-
-    def __contains__(self, name: object) -> bool:
-        return isinstance(name, str) and name in self._shards[hash(name) % _SHARDS]
-
-    def __iter__(self) -> Iterator[str]:
-        for shard in self._shards:
-            yield from shard
-
-    def __len__(self) -> int:
-        return sum(len(shard) for shard in self._shards)
-
-    def values(self) -> Any:
-        return (state for shard in self._shards for state in shard.values())
-
-
-def _normalized(devices: Mapping[str, Sequence[str]]) -> dict[str, tuple[str, ...]]:
-    return {str(r): tuple(str(d) for d in ids) for r, ids in sorted(devices.items())}
-
-
-def _key(group: GroupKey) -> str:
-    return f"{group[0]}/{group[1]}"
+# Re-exported: what callers have always found here.
+Claim = claims.Claim
+ClaimConflict = claims.ClaimConflict
+RebuildReport = claims.RebuildReport
+NodeState = snapshots.NodeState
+LedgerSnapshot = snapshots.LedgerSnapshot
+NodeStates = snapshots.NodeStates
+_SHARDS = snapshots.SHARDS
+AllocationState = claims.AllocationState
+Allocation = claims.Allocation
+DeviceConflict = claims.DeviceConflict
+DeviceKey = tuple[str, str, str]  # (node, resource, device)
 
 
 class DeviceLedger:
-    """Authority on who holds which device.
-
-    One lock around every method; ``revision`` bumps on every change.
-    """
+    """Authority on who holds which device. One lock around every method; ``revision`` bumps on every change."""
 
     def __init__(self) -> None:
         self._lock = threading.RLock()
@@ -186,12 +45,12 @@ class DeviceLedger:
         self._info: dict[str, inventory.NodeInfo] = {}
         self._shards: list[dict[str, NodeState]] = [{} for _ in range(_SHARDS)]
         self._shared: list[bool] = [False] * _SHARDS  # shard is referenced by a snapshot: copy before writing
-        self._held: dict[tuple[str, str, str], tuple[GroupKey, ...]] = {}
+        self._held: dict[DeviceKey, tuple[GroupKey, ...]] = {}  # whole holders
+        self._uses: dict[DeviceKey, capacity.DeviceUse] = {}  # devices given out in parts
         self._allocs: dict[GroupKey, Allocation] = {}
         self._pods: dict[PodKey, tuple[str, int, int]] = {}
         self._used: dict[str, tuple[int, int]] = {}
-        self._index: dict[str, dict[int, tuple[str, ...]]] = {}
-        self._indexed: dict[str, dict[str, int]] = {}  # node -> resource -> count it is filed under
+        self._indexes = snapshots.Indexes()
         self._snapshot: LedgerSnapshot | None = None
 
     @property
@@ -262,33 +121,63 @@ class DeviceLedger:
 
     # --- devices ----------------------------------------------------------------------------------
 
-    def reserve(self, group: GroupKey, node: str, devices: Mapping[str, Sequence[str]]) -> Allocation:
-        """Hold devices for a group (in flight); idempotent for the same devices; one allocation per group."""
-        wanted = _normalized(devices)
+    def reserve(
+        self,
+        group: GroupKey,
+        node: str,
+        devices: Mapping[str, Sequence[str]],
+        share: Mapping[str, capacity.Share] | None = None,
+        tiles: Mapping[str, Sequence[str]] | None = None,
+    ) -> Allocation:
+        """Hold devices (whole, or the given share of each) for a group, in flight.
+
+        Idempotent for the same request; one allocation per group. ``tiles`` names the tiles of a
+        tile share as ``<device>.<tile>``. Raises DeviceConflict when a device cannot take it.
+        """
+        wanted = claims.normalized(devices)
+        shares = dict(sorted((share or {}).items()))
+        wanted_tiles = claims.normalized(tiles or {})
         for resource, ids in wanted.items():
             if len(set(ids)) != len(ids):
                 raise ValueError(f"device IDs of {resource} repeat: {list(ids)}")
+        per_device = claims.tiles_by_device(wanted, shares, wanted_tiles)
         with self._lock:
             existing = self._allocs.get(group)
             if existing is not None:
-                if existing.node == node and dict(existing.devices) == wanted:
+                same = (existing.node, dict(existing.devices), dict(existing.share), dict(existing.tiles))
+                if same == (node, wanted, shares, wanted_tiles):
                     return existing
                 resource, ids = next(iter(existing.devices.items()), ("", ()))
                 raise DeviceConflict(
                     existing.node, resource, ids[0] if ids else "", group,
-                    f"group {_key(group)} already holds devices on node {existing.node}; release them first",
+                    f"group {claims.group_name(group)} already holds devices on node {existing.node}; "
+                    "release them first",
                 )
             info = self._info.get(node)
             for resource, ids in wanted.items():
                 offered = info.devices.get(resource, ()) if info is not None else ()
+                s = shares.get(resource)
                 for device in ids:
                     if device not in offered:
                         detail = "" if info is not None else "node is not in the inventory"
                         raise DeviceConflict(node, resource, device, None, detail)
-                    holders = self._held.get((node, resource, device))
+                    key = (node, resource, device)
+                    holders = self._held.get(key)
                     if holders:
                         raise DeviceConflict(node, resource, device, holders[0])
-            allocation = Allocation(group, node, wanted, AllocationState.RESERVED)
+                    use = self._uses.get(key)
+                    if s is None:
+                        if use is not None:
+                            raise DeviceConflict(
+                                node, resource, device, use.groups[0],
+                                f"shared by {', '.join(map(claims.group_name, use.groups))}",
+                            )
+                        continue
+                    assert info is not None
+                    problem = capacity.join_problem(info, resource, device, use, s, per_device.get(resource, {}))
+                    if problem:
+                        raise DeviceConflict(node, resource, device, use.groups[0] if use else None, problem)
+            allocation = Allocation(group, node, wanted, AllocationState.RESERVED, shares, wanted_tiles)
             self._hold(allocation)
             self._refresh(node)
             self._revision += 1
@@ -300,13 +189,13 @@ class DeviceLedger:
             existing = self._allocs[group]
             if existing.state is AllocationState.COMMITTED:
                 return existing
-            committed = Allocation(existing.group, existing.node, existing.devices, AllocationState.COMMITTED)
+            committed = claims.committed(existing)
             self._allocs[group] = committed
             self._revision += 1
             return committed
 
     def release(self, group: GroupKey) -> Allocation | None:
-        """Give a group's devices back; a device still claimed by another group stays held by it."""
+        """Give a group's devices (or its parts of them) back; other claimants keep theirs."""
         with self._lock:
             existing = self._allocs.pop(group, None)
             if existing is None:
@@ -319,6 +208,12 @@ class DeviceLedger:
                         self._held[key] = rest
                     else:
                         self._held.pop(key, None)
+                    if key in self._uses:
+                        use = capacity.without_group(self._uses[key], group)
+                        if use is None:
+                            del self._uses[key]
+                        else:
+                            self._uses[key] = use
             self._refresh(existing.node)
             self._revision += 1
             return existing
@@ -332,16 +227,31 @@ class DeviceLedger:
             return [self._allocs[g] for g in sorted(self._allocs)]
 
     def holder(self, node: str, resource: str, device: str) -> GroupKey | None:
-        """The group holding a device; for a contested device (see rebuild) the first claimant."""
-        with self._lock:
-            holders = self._held.get((node, resource, device))
-            return holders[0] if holders else None
+        """A group holding (a part of) a device; for a contested device (see rebuild) the first claimant."""
+        holders = self.holders(node, resource, device)
+        return holders[0] if holders else None
 
     def holders(self, node: str, resource: str, device: str) -> tuple[GroupKey, ...]:
+        """Every group holding the device or a part of it: whole holders first, then sharers by name."""
         with self._lock:
-            return self._held.get((node, resource, device), ())
+            key = (node, resource, device)
+            use = self._uses.get(key)
+            return self._held.get(key, ()) + (use.groups if use is not None else ())
+
+    def use(self, node: str, resource: str, device: str) -> capacity.DeviceUse | None:
+        """The parts a device has given out to sharing groups; None if none."""
+        with self._lock:
+            return self._uses.get((node, resource, device))
+
+    def shared_usage(self, node: str, resource: str) -> tuple[int, int]:
+        """(compute milli, memory bytes) given out to sharing groups on a node's devices of ``resource``."""
+        with self._lock:
+            info = self._info.get(node)
+            uses = [self._uses.get((node, resource, d)) for d in (info.devices.get(resource, ()) if info else ())]
+            return (sum(u.compute_milli for u in uses if u), sum(u.memory_bytes for u in uses if u))
 
     def free_devices(self, node: str, resource: str) -> tuple[str, ...]:
+        """Devices nobody holds, whole or in part."""
         with self._lock:
             state = self._shards[hash(node) % _SHARDS].get(node)
             return state.free.get(resource, ()) if state is not None else ()
@@ -352,87 +262,47 @@ class DeviceLedger:
             return len(info.devices.get(resource, ())) if info is not None else 0
 
     def contested(self) -> tuple[ClaimConflict, ...]:
-        """Devices held by more than one group right now (only ever the result of a rebuild)."""
+        """Devices held against the rules right now (only ever the result of a rebuild)."""
         with self._lock:
-            return tuple(
-                ClaimConflict(node, resource, device, groups)
-                for (node, resource, device), groups in sorted(self._held.items())
-                if len(groups) > 1
-            )
+            return self._conflicts()
 
     def problems(self) -> tuple[str, ...]:
         """Held devices the inventory no longer (or never) offered: kept held, never re-given."""
         with self._lock:
             found = []
-            for (node, resource, device), groups in sorted(self._held.items()):
+            for key in sorted(set(self._held) | set(self._uses)):
+                node, resource, device = key
+                groups = ", ".join(map(claims.group_name, self.holders(*key)))
                 info = self._info.get(node)
                 if info is None:
-                    found.append(f"{resource}={device} on unknown node {node} is held by "
-                                 + ", ".join(_key(g) for g in groups))
+                    found.append(f"{resource}={device} on unknown node {node} is held by {groups}")
                 elif device not in info.devices.get(resource, ()):
-                    found.append(f"{resource}={device} held by {', '.join(_key(g) for g in groups)} "
-                                 f"is not in node {node}'s inventory")
+                    found.append(f"{resource}={device} held by {groups} is not in node {node}'s inventory")
             return tuple(found)
 
-    def rebuild(self, claims: Iterable[Claim]) -> RebuildReport:
+    def rebuild(self, claimed: Iterable[Claim]) -> RebuildReport:
         """Replace all device state with committed allocations read back from the API.
 
-        Conflicts are reported, never resolved by picking a winner: every claimant of a contested
-        device keeps it, and it is free again only once all of them released it. A group's status
+        Conflicts (a device held twice, used whole and in parts, shares over its capacity, a tile
+        held twice) are reported, never resolved by picking a winner: every claimant keeps what it
+        claimed, and the device is free again only once all of them released it. A group's status
         beats its pods' annotations when they disagree (reported). Claims on unknown nodes or
         devices are kept held and reported. Reservations in flight are dropped.
         """
         problems: list[str] = []
-        chosen: dict[GroupKey, Claim] = {}
-        for claim in claims:
-            current = chosen.get(claim.group)
-            if current is None:
-                chosen[claim.group] = claim
-                continue
-            same = current.node == claim.node and _normalized(current.devices) == _normalized(claim.devices)
-            if same:
-                continue
-            status_wins = claim.from_status and not current.from_status
-            winner, loser = (claim, current) if status_wins else (current, claim)
-            chosen[claim.group] = winner
-            problems.append(
-                f"group {_key(claim.group)}: {loser.source} says node {loser.node} "
-                f"{_render(loser.devices)} but {winner.source} says node {winner.node} "
-                f"{_render(winner.devices)}; using {winner.source}"
-            )
+        chosen = claims.choose(claimed, problems)
         with self._lock:
             touched = {a.node for a in self._allocs.values()}
             self._held.clear()
+            self._uses.clear()
             self._allocs.clear()
             for group in sorted(chosen):
-                claim = chosen[group]
-                devices = _normalized(claim.devices)
-                for resource, ids in devices.items():
-                    if len(set(ids)) != len(ids):
-                        problems.append(f"{claim.source} lists a {resource} device twice: {list(ids)}")
-                        devices[resource] = tuple(dict.fromkeys(ids))
-                info = self._info.get(claim.node)
-                if info is None:
-                    problems.append(f"{claim.source} claims devices on unknown node {claim.node} (kept held)")
-                else:
-                    for resource, ids in devices.items():
-                        unknown = [d for d in ids if d not in info.devices.get(resource, ())]
-                        if unknown:
-                            problems.append(
-                                f"{claim.source} claims {resource} {unknown} that node {claim.node} "
-                                "does not offer (kept held)"
-                            )
-                self._hold(Allocation(group, claim.node, devices, AllocationState.COMMITTED))
-                touched.add(claim.node)
+                self._hold(claims.as_allocation(chosen[group], self._info.get(chosen[group].node), problems))
+                touched.add(chosen[group].node)
             for name in touched | {n for shard in self._shards for n in shard}:
                 self._refresh(name)
             self._revision += 1
-            conflicts = tuple(
-                ClaimConflict(node, resource, device, tuple(sorted(groups)))
-                for (node, resource, device), groups in sorted(self._held.items())
-                if len(groups) > 1
-            )
-            return RebuildReport(allocations=len(self._allocs), conflicts=conflicts, problems=tuple(problems))
+            return RebuildReport(len(self._allocs), self._conflicts(), tuple(problems))
 
     def snapshot(self) -> LedgerSnapshot:
         """An immutable view for placement; the same object while the revision stays put."""
@@ -442,7 +312,8 @@ class DeviceLedger:
                 snap = LedgerSnapshot(
                     revision=self._revision,
                     nodes=NodeStates(tuple(self._shards)),
-                    index={r: dict(b) for r, b in self._index.items()},
+                    index=self._indexes.free_copy(),
+                    parts=self._indexes.parts_copy(),
                 )
                 self._snapshot = snap
                 self._shared = [True] * _SHARDS
@@ -450,15 +321,26 @@ class DeviceLedger:
 
     # --- internals ------------------------------------------------------------------------------
 
+    def _conflicts(self) -> tuple[ClaimConflict, ...]:
+        return claims.conflicts(self._held, self._uses, self._info)
+
     def _hold(self, allocation: Allocation) -> None:
         self._allocs[allocation.group] = allocation
+        tiles = {
+            r: capacity.parse_tile_ids(ids) for r, ids in allocation.tiles.items() if r in allocation.share
+        }
         for resource, ids in allocation.devices.items():
+            s = allocation.share.get(resource)
             for device in ids:
                 key = (allocation.node, resource, device)
-                self._held[key] = (*self._held.get(key, ()), allocation.group)
+                if s is None:
+                    self._held[key] = (*self._held.get(key, ()), allocation.group)
+                else:
+                    part = capacity.Part(allocation.group, s, tiles.get(resource, {}).get(device, ()))
+                    self._uses[key] = capacity.with_part(self._uses.get(key), part)
 
     def _refresh(self, name: str) -> None:
-        """Recompute one node's state and its place in the free-capacity index."""
+        """Recompute one node's state and its place in the free-capacity indexes."""
         info = self._info.get(name)
         i = hash(name) % _SHARDS
         if self._shared[i]:
@@ -466,45 +348,36 @@ class DeviceLedger:
             self._shared[i] = False
         if info is None:
             self._shards[i].pop(name, None)
-            self._file(name, {})
+            self._indexes.file(name, {}, frozenset())
             return
-        held = self._held
-        free = {
-            resource: tuple(d for d in ids if (name, resource, d) not in held)
-            for resource, ids in info.devices.items()
-        }
+        held, uses = self._held, self._uses
+        free: dict[str, tuple[str, ...]] = {}
+        partial: dict[str, tuple[capacity.DeviceLeft, ...]] = {}
+        for resource, ids in info.devices.items():
+            if not uses:  # the common case, and every node of a cluster without sharing groups
+                free[resource] = tuple(d for d in ids if (name, resource, d) not in held)
+                continue
+            mem_cap, tiles_cap = info.device_memory.get(resource), info.device_tiles.get(resource, 0)
+            whole: list[str] = []
+            parts: list[capacity.DeviceLeft] = []
+            for d in ids:
+                key = (name, resource, d)
+                if key in held:
+                    continue
+                use = uses.get(key)
+                if use is None:
+                    whole.append(d)
+                    continue
+                left = capacity.left_of(d, use, mem_cap, tiles_cap)
+                if left is not None:
+                    parts.append(left)
+            free[resource] = tuple(whole)
+            if parts:
+                partial[resource] = tuple(parts)
         cpu, memory = self._used.get(name, (0, 0))
-        self._shards[i][name] = NodeState(info, free, cpu, memory)
+        self._shards[i][name] = NodeState(info, free, cpu, memory, partial)
         is_open = info.shared and info.ready and not info.unschedulable and not info.problems
-        self._file(name, {r: len(ids) for r, ids in free.items() if ids} if is_open else {})
-
-    def _file(self, name: str, counts: dict[str, int]) -> None:
-        previous = self._indexed.get(name, {})
-        if previous == counts:
-            return
-        for resource, count in previous.items():
-            if counts.get(resource) != count:
-                buckets = self._index[resource]
-                bucket = buckets[count]
-                i = bisect.bisect_left(bucket, name)
-                rest = bucket[:i] + bucket[i + 1:]
-                if rest:
-                    buckets[count] = rest
-                else:
-                    del buckets[count]
-                    if not buckets:
-                        del self._index[resource]
-        for resource, count in counts.items():
-            if previous.get(resource) != count:
-                buckets = self._index.setdefault(resource, {})
-                bucket = buckets.get(count, ())
-                i = bisect.bisect_left(bucket, name)
-                buckets[count] = (*bucket[:i], name, *bucket[i:])
-        if counts:
-            self._indexed[name] = counts
+        if is_open:
+            self._indexes.file(name, {r: len(ids) for r, ids in free.items() if ids}, snapshots.part_entries(partial))
         else:
-            self._indexed.pop(name, None)
-
-
-def _render(devices: Mapping[str, Sequence[str]]) -> str:
-    return "{" + ", ".join(f"{r}: {','.join(ids)}" for r, ids in sorted(devices.items())) + "}"
+            self._indexes.file(name, {}, frozenset())

@@ -10,16 +10,22 @@ node that passes every filter, so a decision touches a handful of nodes, not the
 when nothing fits does it scan every node, to count why (kube-scheduler's ``0/N nodes are
 available: ...``). :func:`place_linear` is the naive filter-and-score over all nodes: the
 reference the fast path is tested against and benchmarked beside.
+
+A sharing group (``spec.share``) is placed by :mod:`shareplacement` through the same walk: nodes
+come from the ledger's indexes of partly used and wholly free devices, binpack packing shares onto
+partly used devices first. :class:`Policy` is the seam for other scoring (e.g. fragmentation-aware):
+:func:`place_by_policy` offers it every node that fits.
 """
 
 from __future__ import annotations
 
 import collections
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Protocol
 
 from deviceshare.api import models
-from deviceshare.core import filters, inventory, reasons
+from deviceshare.core import capacity, devicechoice, filters, inventory, reasons, shareplacement
 from deviceshare.core import ledger as ledgers  # the parameter `ledger` is the DeviceLedger
 
 BINPACK = "binpack"
@@ -32,6 +38,7 @@ class GroupRequest:
     resources: Mapping[str, int]
     node_selector: Mapping[str, str]
     strategy: str = BINPACK  # binpack | spread
+    share: Mapping[str, capacity.Share] = field(default_factory=dict)  # resource -> share; absent: whole
 
     @classmethod
     def from_spec(cls, key: inventory.GroupKey, spec: models.GroupSpec) -> GroupRequest:
@@ -40,6 +47,7 @@ class GroupRequest:
             resources=dict(spec.resources),
             node_selector=dict(spec.node_selector),
             strategy=spec.scheduling_strategy,
+            share=capacity.shares_from_spec(spec.share),
         )
 
 
@@ -48,6 +56,7 @@ class Placement:
     node: str
     devices: Mapping[str, tuple[str, ...]]
     revision: int  # the ledger revision the decision was taken at
+    tiles: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # resource -> "<device>.<tile>"
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,39 +72,31 @@ class Unschedulable:
         return f"0/{self.total_nodes} nodes are available: {counted}."
 
 
-def choose_devices(offered: Sequence[str], free: Sequence[str], count: int) -> tuple[str, ...]:
-    """``count`` of the ``free`` IDs, deterministically.
+choose_devices = devicechoice.choose_devices
 
-    Prefers a contiguous run (consecutive positions in the node's inventory order), taking the
-    shortest run that fits so longer runs stay whole for bigger groups, the earliest on ties;
-    without one, the first free IDs in inventory order.
+
+class Policy(Protocol):
+    """Chooses among the nodes that fit: the seam for scoring other than binpack/spread.
+
+    ``feasible`` holds every open node that passes all filters for the group, by name; return one
+    of them, or None to leave the group Pending. :func:`device_choice` gives the devices (and
+    tiles) the default order would take on a node; a policy may take its own.
     """
-    if count <= 0:
-        return ()
-    if len(free) == count:
-        return tuple(free)
-    position = {d: i for i, d in enumerate(offered)}
-    best_start, best_len = -1, 0
-    run_start, run_len, last = 0, 0, -2
-    for i, device in enumerate(free):
-        pos = position.get(device, -2)
-        if pos == last + 1 and run_len:
-            run_len += 1
-        else:
-            if count <= run_len and (best_start < 0 or run_len < best_len):
-                best_start, best_len = run_start, run_len
-            run_start, run_len = i, 1
-        last = pos
-    if count <= run_len and (best_start < 0 or run_len < best_len):
-        best_start, best_len = run_start, run_len
-    if best_start >= 0:
-        return tuple(free[best_start:best_start + count])
-    return tuple(free[:count])
+
+    def choose(
+        self, snapshot: ledgers.LedgerSnapshot, request: GroupRequest, feasible: Sequence[ledgers.NodeState]
+    ) -> Placement | None: ...
 
 
 def _failure(
     state: ledgers.NodeState, request: GroupRequest, pod: inventory.PodDemand
 ) -> str | None:
+    if request.share:
+        return filters.first_failure(
+            state.info, state.free, state.cpu_used, state.memory_used,
+            request.resources, request.node_selector, pod,
+            devices_check=lambda: shareplacement.devices_failure(state, request.resources, request.share),
+        )
     return filters.first_failure(
         state.info, state.free, state.cpu_used, state.memory_used,
         request.resources, request.node_selector, pod,
@@ -103,18 +104,34 @@ def _failure(
 
 
 def _fits(state: ledgers.NodeState, request: GroupRequest, pod: inventory.PodDemand) -> bool:
+    if request.share:
+        # the cheap filters first, with the shared resources left out of the device count
+        whole = {r: n for r, n in request.resources.items() if r not in request.share}
+        return filters.passes(
+            state.info, state.free, state.cpu_used, state.memory_used, whole, request.node_selector, pod
+        ) and shareplacement.devices_failure(state, request.resources, request.share) is None
     return filters.passes(
         state.info, state.free, state.cpu_used, state.memory_used,
         request.resources, request.node_selector, pod,
     )
 
 
-def _placement(state: ledgers.NodeState, request: GroupRequest, revision: int) -> Placement:
-    devices = {
-        resource: choose_devices(state.info.devices.get(resource, ()), state.free[resource], need)
-        for resource, need in sorted(request.resources.items())
-    }
-    return Placement(state.info.name, devices, revision)
+def device_choice(state: ledgers.NodeState, request: GroupRequest, revision: int) -> Placement:
+    """The devices (and tiles) the group gets on a node that fits, in the request's strategy order."""
+    devices: dict[str, tuple[str, ...]] = {}
+    tiles: dict[str, tuple[str, ...]] = {}
+    for resource, need in sorted(request.resources.items()):
+        share = request.share.get(resource)
+        if share is None:
+            devices[resource] = choose_devices(state.info.devices.get(resource, ()), state.free[resource], need)
+            continue
+        devices[resource], chosen = shareplacement.choose(state, resource, need, share, request.strategy == SPREAD)
+        if chosen:
+            tiles[resource] = chosen
+    return Placement(state.info.name, devices, revision, tiles)
+
+
+_placement = device_choice
 
 
 def _slack(state: ledgers.NodeState, request: GroupRequest) -> int:
@@ -140,6 +157,11 @@ def place_on(
     """The indexed decision on one snapshot (see the module docstring)."""
     descending = request.strategy == SPREAD
     nodes = snapshot.nodes
+    if request.share:
+        for state in shareplacement.candidates(snapshot, request.share, descending):
+            if _fits(state, request, pod):
+                return _placement(state, request, snapshot.revision)
+        return explain(snapshot, request, pod)
     if len(request.resources) == 1:
         ((resource, need),) = request.resources.items()
         cpu, memory = pod.cpu_milli, pod.memory_bytes
@@ -169,6 +191,16 @@ def place_on(
     return _placement(best, request, snapshot.revision)
 
 
+def place_by_policy(
+    snapshot: ledgers.LedgerSnapshot, request: GroupRequest, pod: inventory.PodDemand, policy: Policy
+) -> Placement | Unschedulable:
+    """A decision by another policy: every node that fits is offered to it (scoring policies such as
+    fragmentation-aware ones look at every feasible node anyway)."""
+    feasible = [s for _, s in sorted(snapshot.nodes.items()) if _fits(s, request, pod)]
+    chosen = policy.choose(snapshot, request, feasible) if feasible else None
+    return explain(snapshot, request, pod) if chosen is None else chosen
+
+
 def place_linear(
     snapshot: ledgers.LedgerSnapshot, request: GroupRequest, pod: inventory.PodDemand
 ) -> Placement | Unschedulable:
@@ -177,10 +209,16 @@ def place_linear(
     counted: collections.Counter[str] = collections.Counter()
     best: ledgers.NodeState | None = None
     best_key: tuple[int, str] = (0, "")
+    best_share_key: tuple[int, int, str] = (0, 0, "")
     for name, state in snapshot.nodes.items():
         failure = _failure(state, request, pod)
         if failure is not None:
             counted[failure] += 1
+            continue
+        if request.share:
+            share_key = (*shareplacement.order_key(state, request.share, descending), name)
+            if best is None or share_key < best_share_key:
+                best, best_share_key = state, share_key
             continue
         slack = _slack(state, request)
         key = (-slack if descending else slack, name)
@@ -199,7 +237,11 @@ def place_group(
 
 
 def schedule_group(
-    ledger: ledgers.DeviceLedger, request: GroupRequest, pod: inventory.PodDemand, attempts: int = 5
+    ledger: ledgers.DeviceLedger,
+    request: GroupRequest,
+    pod: inventory.PodDemand,
+    attempts: int = 5,
+    policy: Policy | None = None,
 ) -> ledgers.Allocation | Unschedulable:
     """Place and reserve. A group that already holds devices gets its allocation back.
 
@@ -212,11 +254,14 @@ def schedule_group(
         return existing
     conflict: ledgers.DeviceConflict | None = None
     for _ in range(max(1, attempts)):
-        decision = place_group(ledger, request, pod)
+        snapshot = ledger.snapshot()
+        decision = (
+            place_on(snapshot, request, pod) if policy is None else place_by_policy(snapshot, request, pod, policy)
+        )
         if isinstance(decision, Unschedulable):
             return decision
         try:
-            return ledger.reserve(request.key, decision.node, decision.devices)
+            return ledger.reserve(request.key, decision.node, decision.devices, request.share, decision.tiles)
         except ledgers.DeviceConflict as exc:
             if ledger.revision == decision.revision:
                 raise

@@ -31,3 +31,8 @@ def insufficient(resource: str) -> str:
 
 INSUFFICIENT_CPU: Final = insufficient("cpu")
 INSUFFICIENT_MEMORY: Final = insufficient("memory")
+
+
+def no_declared(resource: str, what: str) -> str:
+    """A sharing group asks for device memory (or tiles) the node declares none of."""
+    return f"no declared device {what} for {resource}"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from aiohttp import web
@@ -13,32 +13,77 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from deviceshare import errors
+from deviceshare.core import capacity
 
 if TYPE_CHECKING:
+    from deviceshare.core.inventory import NodeInfo
     from deviceshare.core.ledger import DeviceLedger
 
 logger = logging.getLogger(__name__)
 
 
 class _LedgerCollector(Collector):
-    """Free and allocated devices per node and resource, read from the ledger at scrape time."""
+    """Free and allocated devices per node and resource, read from the ledger at scrape time.
+
+    With sharing (CONTRACT §7) a device may be partly given out, so the compute (in devices, a
+    whole-held device counting 1) and the device memory (bytes, where the node declares it) handed
+    out per node and resource are exported beside the device counts.
+    """
 
     def __init__(self) -> None:
         self.ledger: DeviceLedger | None = None
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        free = GaugeMetricFamily("deviceshare_devices_free", "Devices no group holds", labels=["node", "resource"])
-        used = GaugeMetricFamily(
-            "deviceshare_devices_allocated", "Devices held by a group", labels=["node", "resource"]
+        labels = ["node", "resource"]
+        free = GaugeMetricFamily("deviceshare_devices_free", "Devices no group holds", labels=labels)
+        used = GaugeMetricFamily("deviceshare_devices_allocated", "Devices held by a group", labels=labels)
+        compute = GaugeMetricFamily(
+            "deviceshare_compute_allocated",
+            "Device compute given out, in devices (a whole-held device counts 1, a 460m share 0.46)",
+            labels=labels,
         )
+        memory = GaugeMetricFamily(
+            "deviceshare_device_memory_allocated_bytes",
+            "Device memory given out (whole-held devices count their declared memory)", labels=labels,
+        )
+        memory_cap = GaugeMetricFamily(
+            "deviceshare_device_memory_bytes", "Device memory the node declares, over its devices", labels=labels
+        )
+        tiles = GaugeMetricFamily("deviceshare_tiles_allocated", "Device tiles held by groups", labels=labels)
         if self.ledger is not None:
             for node in self.ledger.nodes():
-                for resource in node.devices:
+                for resource, ids in node.devices.items():
+                    key = [node.name, resource]
                     n_free = len(self.ledger.free_devices(node.name, resource))
-                    free.add_metric([node.name, resource], n_free)
-                    used.add_metric([node.name, resource], self.ledger.capacity(node.name, resource) - n_free)
+                    free.add_metric(key, n_free)
+                    used.add_metric(key, len(ids) - n_free)
+                    milli, mem, n_tiles = self._given_out(node, resource, ids)
+                    compute.add_metric(key, milli / 1000)
+                    per_device = node.device_memory.get(resource)
+                    if per_device is not None:
+                        memory.add_metric(key, mem)
+                        memory_cap.add_metric(key, per_device * len(ids))
+                    if node.device_tiles.get(resource):
+                        tiles.add_metric(key, n_tiles)
         yield free
         yield used
+        yield compute
+        yield memory
+        yield memory_cap
+        yield tiles
+
+    def _given_out(self, node: NodeInfo, resource: str, ids: Sequence[str]) -> tuple[int, int, int]:
+        """(compute milli, memory bytes, tiles) held on the node's devices of ``resource``."""
+        assert self.ledger is not None
+        per_device = node.device_memory.get(resource, 0)
+        milli = mem = tiles = 0
+        for device in ids:
+            use = self.ledger.use(node.name, resource, device)
+            if use is not None:
+                milli, mem, tiles = milli + use.compute_milli, mem + use.memory_bytes, tiles + len(use.tiles)
+            elif self.ledger.holder(node.name, resource, device) is not None:
+                milli, mem = milli + capacity.COMPUTE_FULL, mem + per_device
+        return milli, mem, tiles
 
 
 class Metrics:

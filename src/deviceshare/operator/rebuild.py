@@ -25,6 +25,7 @@ import dataclasses
 from collections.abc import Iterable
 
 from deviceshare.api import names
+from deviceshare.core import capacity
 from deviceshare.core import ledger as ledgers
 
 from . import state as state_
@@ -65,6 +66,9 @@ def sort_claims(
                     node=st.node_name,
                     devices={r: tuple(ids) for r, ids in st.allocated_devices.items()},
                     source=f"status of {g.key[0]}/{g.key[1]}",
+                    # A sharing group's share is read back from its spec (immutable once Bound, CEL-enforced).
+                    share=capacity.shares_from_spec(g.spec.share) if g.spec is not None else {},
+                    tiles={r: tuple(ids) for r, ids in st.allocated_tiles.items()},
                 )
             )
             held.update((st.node_name, r, d) for r, ids in st.allocated_devices.items() for d in ids)

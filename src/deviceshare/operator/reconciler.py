@@ -160,7 +160,8 @@ class GroupReconciler:
         )
         body = await self.ctx.api.patch_group_status(
             group.key,
-            {"phase": names.PHASE_PENDING, "nodeName": None, "allocatedDevices": None, "conditions": conditions},
+            {"phase": names.PHASE_PENDING, "nodeName": None, **statuses.allocated_fields(None),
+             "conditions": conditions},
         )
         self.ctx.state.upsert_group(state_.group_record(body))
         self.ctx.ledger.release(group.key)
@@ -172,7 +173,9 @@ class GroupReconciler:
     ) -> None:
         """Put back what a member's owner changed. ``members`` are the pods we bound into this group (our
         records, not their annotations); one on another node never gets this group's device IDs."""
-        want = statuses.device_annotations(allocation.devices, self.ctx.config.env_names)
+        want = statuses.allocation_annotations(
+            allocation, self.ctx.config.env_names, self.ctx.ledger.node(allocation.node)
+        )
         want_env = {
             k[len(names.POD_ENV_ANNOTATION_PREFIX):]: v
             for k, v in want.items() if k.startswith(names.POD_ENV_ANNOTATION_PREFIX)
@@ -248,7 +251,7 @@ class GroupReconciler:
         if allocation is not None:
             phase = phase or names.PHASE_BOUND
             scheduled = ("True", "Bound", f"placed on node {allocation.node} with "
-                         f"{statuses.describe_devices(allocation.devices)}")
+                         f"{statuses.describe_allocation(allocation)}")
         elif gkey in ctx.unschedulable:
             phase = phase or names.PHASE_PENDING
             scheduled = ("False", "Unschedulable", ctx.unschedulable[gkey])
@@ -279,9 +282,7 @@ class GroupReconciler:
         desired: dict[str, Any] = {
             "phase": phase,
             "nodeName": allocation.node if allocation else None,
-            "allocatedDevices": (
-                {r: list(ids) for r, ids in sorted(allocation.devices.items())} if allocation else None
-            ),
+            **statuses.allocated_fields(allocation),
             "members": [p.name for p in live],
             "memberCount": len(live),
             "observedGeneration": gen,
@@ -292,6 +293,7 @@ class GroupReconciler:
             current.phase == desired["phase"]
             and current.node_name == desired["nodeName"]
             and (current.allocated_devices or None) == desired["allocatedDevices"]
+            and (current.allocated_tiles or None) == desired["allocatedTiles"]
             and current.members == desired["members"]
             and current.member_count == desired["memberCount"]
             and current.observed_generation == gen

@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from deviceshare.api import names
+from deviceshare.core import claims as claims_
 from deviceshare.core import inventory
 from deviceshare.core import ledger as ledgers
 from deviceshare.kube import watching
@@ -154,8 +155,17 @@ class Runtime:
         ctx.unschedulable.clear()
         for c in report.conflicts:
             ctx.metrics.device_conflicts.inc()
+            # Over-commitment and mixed kinds are reported, as double holding is: nobody is evicted.
+            logger.error("device %s=%s on node %s %s: %s", c.resource, c.device, c.node, c.reason,
+                         ", ".join(f"{ns}/{n}" for ns, n in c.groups))
             for g in c.groups:
                 ctx.conflicts.setdefault(g, set()).update(o for o in c.groups if o != g)
+                record = state.groups.get(g)
+                if record is not None and c.reason != claims_.HELD_TWICE:
+                    ctx.event(record, "DeviceConflict",
+                              f"{c.resource} {c.device} on node {c.node}: {c.reason} "
+                              f"({', '.join(f'{ns}/{n}' for ns, n in c.groups)}); it takes no new sharer "
+                              "until a holder releases", warning=True)
         for g, others in ctx.conflicts.items():
             record = state.groups.get(g)
             if record is not None:

@@ -129,7 +129,7 @@ class PodScheduler:
                 Result.UNSCHEDULABLE, f'SharedDeviceGroup "{gkey[1]}" has an invalid spec: {group.spec_error}'
             )
         spec = group.spec
-        env = member_rules.visibility_env(spec.resources, ctx.config.env_names)
+        env = ctx.config.env_names.for_group(spec)  # visibility, and a share's limits (CONTRACT §7)
         refused = next(member_rules.conflicts(pod.containers, spec.resources, env), None)
         if refused is not None:
             # The webhook denies such a pod at CREATE; this one never met it (annotated after creation).
@@ -188,7 +188,8 @@ class PodScheduler:
             if problem is not None:
                 return Outcome(Result.UNSCHEDULABLE, f"group is on node {allocation.node}: {problem.message()}")
 
-        annotations = statuses.device_annotations(allocation.devices, ctx.config.env_names)
+        node = ctx.ledger.node(allocation.node)
+        annotations = statuses.allocation_annotations(allocation, ctx.config.env_names, node)
         try:
             # One write: the API server copies the Binding's annotations onto the pod with spec.nodeName.
             await ctx.api.bind_pod(pod.key, pod.uid, allocation.node, annotations)
@@ -212,7 +213,7 @@ class PodScheduler:
         # Seen as bound right away, so the next member counts it before the watch event arrives.
         ctx.state.assume(pod, allocation.node, annotations, gkey[1])
         ctx.ledger.account_pod(pod.key, allocation.node, pod.demand.cpu_milli, pod.demand.memory_bytes)
-        devices = statuses.describe_devices(allocation.devices)
+        devices = statuses.describe_allocation(allocation)
         if fresh:
             ctx.event(group, "Bound", f"Placed on node {allocation.node} with {devices}")
         ctx.event(
@@ -234,11 +235,11 @@ class PodScheduler:
                 "members": members,
                 "memberCount": len(members),
                 "nodeName": allocation.node,
-                "allocatedDevices": {r: list(ids) for r, ids in sorted(allocation.devices.items())},
+                **statuses.allocated_fields(allocation),
                 "observedGeneration": current.generation,
                 "conditions": statuses.condition(
                     statuses.wire_conditions(current.status.conditions), names.CONDITION_SCHEDULED, "True", "Bound",
-                    f"placed on node {allocation.node} with {statuses.describe_devices(allocation.devices)}",
+                    f"placed on node {allocation.node} with {statuses.describe_allocation(allocation)}",
                     current.generation,
                 ),
             }
@@ -260,7 +261,7 @@ class PodScheduler:
         status = {
             "phase": names.PHASE_PENDING,
             "nodeName": None,
-            "allocatedDevices": None,
+            **statuses.allocated_fields(None),
             "conditions": statuses.condition(
                 statuses.wire_conditions(group.status.conditions) if group else [],
                 names.CONDITION_SCHEDULED, "False", "RolledBack", why,

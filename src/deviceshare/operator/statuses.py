@@ -2,32 +2,61 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from deviceshare.api import envnames, models, names
+from deviceshare.api import envnames, models, podannotations
+from deviceshare.core import inventory
+from deviceshare.core import ledger as ledgers
 
 from .storage import now_rfc3339
 
 
 def device_annotations(
-    devices: Mapping[str, Sequence[str]], env_names: envnames.EnvNames
+    devices: Mapping[str, Sequence[str]],
+    env_names: envnames.EnvNames,
+    share: Mapping[str, podannotations.ShareAmounts] | None = None,
+    tiles: Mapping[str, Sequence[str]] | None = None,
+    node_devices: Mapping[str, Sequence[str]] | None = None,
 ) -> dict[str, str]:
-    """The annotations a member pod carries: selected devices, and one value per visibility env var."""
-    selected = {r: ",".join(ids) for r, ids in sorted(devices.items())}
-    out = {names.POD_SELECTED_DEVICES_ANNOTATION: json.dumps(selected, separators=(",", ":"))}
-    per_env: dict[str, list[str]] = {}
-    for resource, ids in sorted(devices.items()):
-        for env in env_names.for_resource(resource):
-            per_env.setdefault(env, []).extend(ids)
-    for env, ids in per_env.items():
-        out[names.env_annotation(env)] = ",".join(ids)
-    return out
+    """The annotations a member pod carries; see :func:`deviceshare.api.podannotations.member_annotations`."""
+    return podannotations.member_annotations(devices, env_names, share, tiles, node_devices)
+
+
+def allocation_annotations(
+    allocation: ledgers.Allocation, env_names: envnames.EnvNames, node: inventory.NodeInfo | None
+) -> dict[str, str]:
+    """A member's annotations for its group's allocation, shares and tiles included (CONTRACT §7)."""
+    return podannotations.member_annotations(
+        allocation.devices, env_names, allocation.share, allocation.tiles, node.devices if node else None
+    )
+
+
+def allocated_fields(allocation: ledgers.Allocation | None) -> dict[str, Any]:
+    """``allocatedDevices`` and ``allocatedTiles`` of a group's status (None removes them)."""
+    if allocation is None:
+        return {"allocatedDevices": None, "allocatedTiles": None}
+    return {
+        "allocatedDevices": {r: list(ids) for r, ids in sorted(allocation.devices.items())},
+        "allocatedTiles": {r: list(ids) for r, ids in sorted(allocation.tiles.items())} or None,
+    }
 
 
 def describe_devices(devices: Mapping[str, Sequence[str]]) -> str:
     return "; ".join(f"{r} {','.join(ids)}" for r, ids in sorted(devices.items()))
+
+
+def describe_allocation(allocation: ledgers.Allocation) -> str:
+    """``nvidia.com/gpu 0,1``, or with a share ``nvidia.com/gpu 0 (compute=460m,memory=12Gi)``, tiles named."""
+    out = []
+    for resource, ids in sorted(allocation.devices.items()):
+        share = allocation.share.get(resource)
+        text = f"{resource} {','.join(ids)}"
+        if share is not None:
+            tiles = allocation.tiles.get(resource)
+            text += f" ({share.describe()}{': ' + ','.join(tiles) if tiles else ''})"
+        out.append(text)
+    return "; ".join(out)
 
 
 def wire_conditions(conditions: Iterable[models.Condition]) -> list[dict[str, Any]]:

@@ -24,6 +24,8 @@ from deviceshare.sandbox import admission, apiserver, catalog, errors, faults, i
 from deviceshare.sandbox import deployments as deployments_
 
 CONTEXT = "deviceshare-sandbox"
+INTEL_RESOURCE = "gpu.intel.com/i915"
+DEFAULT_GPU_MEMORY_MIB = 81920  # an 80 GB A100/H100, as GPU feature discovery reports it
 SYSTEM_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
 # What a shared node carries in a cluster that keeps non-members off it (docs/security.md).
 SHARED_NODE_TAINT = {
@@ -67,10 +69,15 @@ class Sandbox:
         bookmark_interval: float = 5.0,
         users: Mapping[str, identity.User] | None = None,
         shared_taint: bool = False,
+        gpu_memory_mib: int | None = DEFAULT_GPU_MEMORY_MIB,
+        intel_nodes: int = 0,
         deployments: bool = False,
     ) -> None:
         self.resource = resource
         self.gpus = gpus
+        # What NVIDIA's GPU feature discovery labels a node with (MiB per GPU): sharing groups that ask
+        # for memory need it (CONTRACT §7). None: the nodes declare no device memory.
+        self.gpu_memory_mib = gpu_memory_mib
         self.node_cpu, self.node_memory = node_cpu, node_memory
         self.node_labels = dict(labels or {})
         # Off by default: tests that create member pods without the webhook carry no toleration.
@@ -101,6 +108,8 @@ class Sandbox:
                     self.create(doc)
         for index in range(nodes):
             self.add_node(f"gpu-node-{index}")
+        for index in range(intel_nodes):
+            self.add_intel_node(f"intel-node-{index}")
 
     # ---- lifecycle -----------------------------------------------------------------------
     async def __aenter__(self) -> Self:
@@ -238,16 +247,21 @@ class Sandbox:
         ready: bool = True,
         cpu: str | None = None,
         memory: str | None = None,
+        resource: str | None = None,
     ) -> dict[str, Any]:
         if self.shared_taint and taints is None:
             taints = [SHARED_NODE_TAINT]
+        resource = resource or self.resource
+        declared: dict[str, str] = {}
+        if resource == names.NVIDIA_GPU_RESOURCE and self.gpu_memory_mib is not None:
+            declared[names.NVIDIA_GPU_MEMORY_LABEL] = str(self.gpu_memory_mib)
         body = kubelet.node(
             name,
             gpus=self.gpus if gpus is None else gpus,
-            resource=self.resource,
+            resource=resource,
             cpu=cpu or self.node_cpu,
             memory=memory or self.node_memory,
-            labels={**self.node_labels, **(labels or {})},
+            labels={**declared, **self.node_labels, **(labels or {})},
             annotations=annotations,
             taints=taints,
             unschedulable=unschedulable,
@@ -257,6 +271,14 @@ class Sandbox:
         self.create(body)
         return self.store.write_status(
             self.store.rtype("nodes"), None, name, lambda n: n.update(status=status)
+        )
+
+    def add_intel_node(self, name: str, *, cards: int = 2, tiles_per_card: int = 2) -> dict[str, Any]:
+        """A node with Intel data-center GPUs split in tiles, labelled as Intel's feature discovery does
+        (``gpu.intel.com/tiles`` counts the node's tiles, all cards together)."""
+        return self.add_node(
+            name, gpus=cards, resource=INTEL_RESOURCE,
+            labels={names.INTEL_TILES_LABEL: str(cards * tiles_per_card), "gpu.intel.com/cards": str(cards)},
         )
 
     def complete_pod(self, namespace: str, name: str, phase: str = "Succeeded") -> dict[str, Any]:

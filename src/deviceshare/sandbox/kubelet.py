@@ -7,11 +7,17 @@ existing, Ready node turns Running after ``delay`` seconds, like a container tha
 real kubelet's admission does, a pod that does not tolerate one of the node's ``NoExecute`` taints
 is rejected instead (phase ``Failed``, reason ``UntoleratedTaint``): that is what stops a pod that
 names a tainted node in ``spec.nodeName`` and so skips every scheduler.
+
+Like the real kubelet, it resolves each container's env when the container starts, downward-API
+``fieldRef`` entries included (``metadata.annotations['...']``): what it resolved is kept in
+:attr:`Kubelet.started_env`, so a test can read the values a container saw (annotations written after
+the start are not among them, as on a real node).
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -19,6 +25,8 @@ from deviceshare.api import names
 from deviceshare.sandbox import store
 
 KUBELET_VERSION = "v1.32.0-sandbox"
+_ANNOTATION_PATH = re.compile(r"^metadata\.annotations\['(.+)'\]$")
+_LABEL_PATH = re.compile(r"^metadata\.labels\['(.+)'\]$")
 
 
 def node(
@@ -104,6 +112,8 @@ class Kubelet:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pods = objects.catalog.lookup("pods")
         self._nodes = objects.catalog.lookup("nodes")
+        # (namespace, pod) -> container -> env name -> value, as resolved when the pod started.
+        self.started_env: dict[tuple[str, str], dict[str, dict[str, str]]] = {}
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -152,6 +162,9 @@ class Kubelet:
         if taint is not None:
             self.store.write_status(self._pods, key[0], key[1], lambda p: _rejected(p, taint))
             return
+        spec = pod.get("spec", {})
+        containers = [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]
+        self.started_env[key] = {str(c.get("name")): container_env(pod, c) for c in containers}
         self.store.write_status(self._pods, key[0], key[1], _running)
 
     def complete(self, namespace: str, name: str, phase: str = "Succeeded") -> dict[str, Any]:
@@ -175,6 +188,35 @@ class Kubelet:
             store.set_condition(pod, "ContainersReady", "False", "PodCompleted")
 
         return self.store.write_status(self._pods, namespace, name, finished)
+
+
+def container_env(pod: Mapping[str, Any], container: Mapping[str, Any]) -> dict[str, str]:
+    """The env a container starts with: literal values and the downward-API fields the kubelet resolves.
+
+    A ``fieldRef`` to an annotation or label that is absent resolves to ``""``, as the kubelet does.
+    Entries from ConfigMaps/Secrets (which the sandbox does not model) are left out.
+    """
+    meta = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    env: dict[str, str] = {}
+    for entry in container.get("env") or []:
+        name = str(entry.get("name"))
+        if "value" in entry or "valueFrom" not in entry:
+            env[name] = str(entry.get("value", ""))
+            continue
+        path = ((entry.get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath")
+        if path is None:
+            continue
+        annotation, label = _ANNOTATION_PATH.match(path), _LABEL_PATH.match(path)
+        if annotation:
+            env[name] = str((meta.get("annotations") or {}).get(annotation.group(1), ""))
+        elif label:
+            env[name] = str((meta.get("labels") or {}).get(label.group(1), ""))
+        elif path in ("metadata.name", "metadata.namespace", "metadata.uid"):
+            env[name] = str(meta.get(path.split(".", 1)[1], ""))
+        elif path == "spec.nodeName":
+            env[name] = str(spec.get("nodeName", ""))
+    return env
 
 
 def _tolerates(toleration: Mapping[str, Any], taint: Mapping[str, Any]) -> bool:

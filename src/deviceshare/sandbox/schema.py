@@ -77,6 +77,8 @@ def _type_ok(kind: str | None, value: Any) -> bool:
         return isinstance(value, bool)
     if kind == "integer":
         return isinstance(value, int) and not isinstance(value, bool)
+    if kind == "integer,string":
+        return isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))
     if kind == "number":
         return isinstance(value, int | float) and not isinstance(value, bool)
     return True
@@ -88,6 +90,8 @@ def validate(schema: Mapping[str, Any], value: Any, old: Any = _ABSENT, path: st
     if value is None and schema.get("nullable"):
         return causes
     kind = schema.get("type")
+    if schema.get("x-kubernetes-int-or-string"):  # quantities: an integer or a string, nothing else
+        kind = "integer,string"
     if not _type_ok(kind, value):
         causes.append(
             (

@@ -156,9 +156,8 @@ def mutate(
 
 
 def visibility_env(group: models.GroupSpec, env_names: envnames.EnvNames) -> list[str]:
-    """The env var names a group's members get, once each, in resource order."""
-    out = member_rules.visibility_env(group.resources, env_names)
-    return list(out)
+    """The env var names a group's members get, once each: visibility in resource order, then share limits."""
+    return env_names.for_group(group)
 
 
 SHARED_NODE_TOLERATION: Mapping[str, str] = {"key": names.SHARED_NODE_TAINT, "operator": "Exists"}
