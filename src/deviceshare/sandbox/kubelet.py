@@ -156,6 +156,8 @@ class Kubelet:
             store.meta(pod).get("uid") != uid
             or not _node_ready(host)
             or store.meta(pod).get("deletionTimestamp")
+            # finished (or started) meanwhile: a kubelet never takes a terminated pod back to Running
+            or (pod.get("status") or {}).get("phase", "Pending") != "Pending"
         ):
             return
         taint = _untolerated_no_execute(host, pod)
