@@ -146,6 +146,14 @@ class ClusterApi:
             return None
         return data
 
+    async def list_resource_quotas(self, namespace: str) -> list[dict[str, Any]]:
+        """The namespace's ResourceQuotas, read when a group is placed (its device budget; a GET per
+        placed group, not a watch of every quota in the cluster: placement is where the budget is decided)."""
+        data = await self._call(
+            "GET", f"/api/v1/namespaces/{_segment(namespace)}/resourcequotas", f"list resourcequotas in {namespace}"
+        )
+        return list(data.get("items") or [])
+
     async def get_peering_status(self, name: str) -> dict[str, Any] | None:
         """The peers recorded in Kopf's ClusterKopfPeering object ``name``; None if it does not exist."""
         try:
