@@ -208,3 +208,29 @@ async def test_a_member_of_a_group_whose_finalizer_was_removed_keeps_its_devices
     await system.member("team-b", "b-0", "b", bound=False)
     await refusal(system, "team-b", "b-0", "0/2 nodes are available")
     assert not visible_twice(system)
+
+
+async def test_a_late_joiner_refused_by_the_member_check_is_not_listed_as_a_member(system: System) -> None:
+    kube = system.kube
+    await system.group("team-a", "g", 1)
+    await system.member("team-a", "g-0", "g")
+    await system.raw_pod("team-a", {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "late", "namespace": "team-a"},
+        "spec": {"schedulerName": names.DEFAULT_SCHEDULER_NAME, "containers": [{
+            "name": "main", "image": "cuda", "resources": {"limits": {GPU: "4"}},
+        }]},
+    })
+    await kube.patch_pod_annotations("team-a", "late", {names.POD_GROUP_ANNOTATION: "g"})
+    await refusal(system, "team-a", "late", "did not pass admission")
+    # An honest member that joins later is listed; the refused one never is.
+    await system.member("team-a", "g-1", "g", bound=False)
+
+    def listed() -> list[str]:
+        return list(group_status(system, "team-a", "g").get("members") or [])
+
+    await kube.wait_for(lambda: "g-1" in listed(), "g-1 listed")
+    await asyncio.sleep(0.3)  # any later status write would have happened by now
+    assert listed() == ["g-0", "g-1"]
+    assert group_status(system, "team-a", "g")["memberCount"] == 2
+    assert node_of(system, "team-a", "late") is None
+    assert_safe(system)

@@ -234,7 +234,7 @@ class GroupReconciler:
         ctx = self.ctx
         gkey = group.key
         allocation = ctx.ledger.allocation(gkey)
-        live = ctx.state.live_members(gkey)
+        live = statuses.listed_members(ctx.state.live_members(gkey), group.spec, ctx.config.env_names)
         if allocation is None and not group.status.conditions and gkey not in ctx.unschedulable and not group.deleting:
             if any(not p.node_name for p in live):
                 return  # a brand-new group whose pod is being placed: the placement writes its first status

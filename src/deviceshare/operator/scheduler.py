@@ -234,7 +234,8 @@ class PodScheduler:
         current = group
         # The members too (pending ones count, as in every status write): the status is then already
         # right once they are bound, and no second write follows this one.
-        members = [p.name for p in self.ctx.state.live_members(group.key)]
+        live = self.ctx.state.live_members(group.key)
+        members = [p.name for p in statuses.listed_members(live, group.spec, self.ctx.config.env_names)]
         for _ in range(5):
             status = {
                 "phase": names.PHASE_BOUND,
