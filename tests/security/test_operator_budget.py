@@ -25,15 +25,22 @@ from tests.security.operator_attacks import (
 __all__ = ["cluster", "kube", "sandbox_options", "system"]
 
 
-def gpu_quota(ns: str, hard: int) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "gpu-budget", "namespace": ns},
-            "spec": {"hard": {f"requests.{GPU}": str(hard)}}}
+async def gpu_quota(system: System, ns: str, hard: int) -> None:
+    """An admin's quota, and the wait until the operator's quota watch has it (as for any watch, a group
+    placed within those milliseconds is checked against the quotas before it)."""
+    await system.kube.ensure_namespace(ns)
+    system.cluster.create({"apiVersion": "v1", "kind": "ResourceQuota",
+                           "metadata": {"name": "gpu-budget", "namespace": ns},
+                           "spec": {"hard": {f"requests.{GPU}": str(hard)}}})
+    runtime: Any = getattr(system.operator.memo, "runtime", None)
+    assert runtime is not None
+    await system.kube.wait_for(lambda: any(q.hard.get(GPU) == hard for q in runtime.scheduler.quotas.quotas(ns)),
+                               "the operator to see the quota")
 
 
 async def test_two_groups_created_at_once_are_not_both_placed_beyond_the_quota(system: System) -> None:
     kube = system.kube
-    await kube.ensure_namespace("team-a")
-    system.cluster.create(gpu_quota("team-a", 3))
+    await gpu_quota(system, "team-a", 3)
     await system.group("team-a", "a", 2)
     await system.group("team-a", "b", 2)  # 2 + 2 > 3, and nothing refused it at creation
     await asyncio.gather(
@@ -76,8 +83,7 @@ async def test_two_groups_created_at_once_are_not_both_placed_beyond_the_quota(s
 
 
 async def test_groups_that_fit_the_quota_exactly_are_all_placed(system: System) -> None:
-    await system.kube.ensure_namespace("team-a")
-    system.cluster.create(gpu_quota("team-a", 4))
+    await gpu_quota(system, "team-a", 4)
     for name in ("a", "b"):
         await system.group("team-a", name, 2)
     await asyncio.gather(*(system.member("team-a", f"{g}-0", g) for g in ("a", "b")))

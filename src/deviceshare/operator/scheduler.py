@@ -60,6 +60,7 @@ class Outcome:
 class PodScheduler:
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
+        self.quotas = quotas.QuotaCache()  # fed by the runtime's quota reflector
 
     def is_ours(self, pod: state_.PodRecord) -> bool:
         return (
@@ -147,7 +148,7 @@ class PodScheduler:
         allocation = ctx.ledger.allocation(gkey)
         fresh = allocation is None
         if allocation is None:
-            budget = await quotas.read(ctx.api, gkey[0])  # before any await that could let another group in
+            budget = await quotas.read(self.quotas, ctx.api, gkey[0])  # checked below, after the last await
             if names.GROUP_FINALIZER not in group.finalizers:
                 # Before the group claims anything: a deletion from here on waits for us (Releasing), even
                 # one that comes before the reconciler would have got round to adding the finalizer.

@@ -95,6 +95,14 @@ class ClusterApi:
             call, sink, name=names.PLURAL, watch_timeout_s=watch_timeout_s, request_timeout_s=self.request_timeout
         )
 
+    def quota_reflector(self, sink: watching.Sink, *, watch_timeout_s: int = 300) -> watching.Reflector:
+        """A list+watch of every ResourceQuota (the namespaces' device budgets), feeding ``sink``."""
+        call = k8s.CoreV1Api(self._client).list_resource_quota_for_all_namespaces
+        return watching.Reflector(
+            call, sink, name="resourcequotas", watch_timeout_s=watch_timeout_s,
+            request_timeout_s=self.request_timeout,
+        )
+
     async def close(self) -> None:
         await self._client.close()
 
@@ -147,8 +155,8 @@ class ClusterApi:
         return data
 
     async def list_resource_quotas(self, namespace: str) -> list[dict[str, Any]]:
-        """The namespace's ResourceQuotas, read when a group is placed (its device budget; a GET per
-        placed group, not a watch of every quota in the cluster: placement is where the budget is decided)."""
+        """The namespace's ResourceQuotas (its device budget), read when a group is placed before the
+        quota reflector has its first list."""
         data = await self._call(
             "GET", f"/api/v1/namespaces/{_segment(namespace)}/resourcequotas", f"list resourcequotas in {namespace}"
         )
