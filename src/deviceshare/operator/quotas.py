@@ -7,7 +7,7 @@ ledger (our own records, never anything a tenant wrote), plus what it asks for f
 arithmetic is :func:`deviceshare.core.budget.over_budget`, the webhook's own.
 
 The quotas come from a :class:`QuotaCache` that a reflector keeps (a list+watch of every ResourceQuota:
-they are few, and a read per placed group cost a fifth of the bind rate in ``bench_operator_writes``);
+they are few, and a read per placed group visibly slowed binding in ``bench_operator_writes --quick``);
 until its first list has arrived, a placement reads its namespace's quotas with one GET instead. The
 check itself runs with no ``await`` between it and the reservation in the ledger, so two groups of one
 namespace placed at the same moment cannot both pass it: the race the budget must close is between
