@@ -234,7 +234,7 @@ class GroupReconciler:
         ctx = self.ctx
         gkey = group.key
         allocation = ctx.ledger.allocation(gkey)
-        live = statuses.listed_members(ctx.state.live_members(gkey), group.spec, ctx.config.env_names)
+        live = ctx.state.live_members(gkey)
         if allocation is None and not group.status.conditions and gkey not in ctx.unschedulable and not group.deleting:
             if any(not p.node_name for p in live):
                 return  # a brand-new group whose pod is being placed: the placement writes its first status
@@ -277,14 +277,16 @@ class GroupReconciler:
         else:
             conds = statuses.without_condition(conds, names.CONDITION_CONFLICT)
 
+        # Not a pod the pre-bind member check refuses: its annotation names the group, but it is no member.
+        listed = statuses.listed_members(live, group.spec, ctx.config.env_names)
         desired: dict[str, Any] = {
             "phase": phase,
             "nodeName": allocation.node if allocation else None,
             "allocatedDevices": (
                 {r: list(ids) for r, ids in sorted(allocation.devices.items())} if allocation else None
             ),
-            "members": [p.name for p in live],
-            "memberCount": len(live),
+            "members": [p.name for p in listed],
+            "memberCount": len(listed),
             "observedGeneration": gen,
             "conditions": conds,
         }
