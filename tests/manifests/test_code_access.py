@@ -81,9 +81,10 @@ def test_kopf_needs_follow_its_mode() -> None:
     assert {a.resource for a in with_peering if a.verb == "watch"} >= {"nodes"}
 
 
-def test_the_operator_watches_pods_and_groups_with_its_own_reflectors() -> None:
+def test_the_operator_watches_pods_groups_and_quotas_with_its_own_reflectors() -> None:
     assert code_access.storage_reflected() == {
         Access("", "pods", "list"), Access("", "pods", "watch"),
+        Access("", "resourcequotas", "list"), Access("", "resourcequotas", "watch"),
         Access("deviceshare.io", "shareddevicegroups", "list"), Access("deviceshare.io", "shareddevicegroups", "watch"),
     }
     assert Access("", "pods", "watch") in code_access.operator_needs(peering=False)

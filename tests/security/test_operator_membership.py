@@ -19,6 +19,7 @@ from tests.security.operator_attacks import (
     refusal,
     sandbox_options,
     system,
+    visible_twice,
 )
 
 __all__ = ["cluster", "kube", "sandbox_options", "system"]
@@ -173,4 +174,63 @@ async def test_a_member_stripped_while_the_operator_is_down_is_still_a_member_af
     await system.group("team-b", "b", 4, nodeSelector={"kubernetes.io/hostname": node})
     await system.member("team-b", "b-0", "b", bound=False)
     await refusal(system, "team-b", "b-0", "0/2 nodes are available")
+    assert_safe(system)
+
+
+async def test_a_member_of_a_group_whose_finalizer_was_removed_keeps_its_devices_across_a_restart(
+    system: System,
+) -> None:
+    """Without the policy a tenant can take the operator's finalizer off their deleted group, so the group (and
+    its status) leaves the API while its member runs; the member's annotations are then the only record left.
+    The operator keeps them true while it runs, and a restart rebuilds the claim from them."""
+    kube = system.kube
+    await system.group("team-a", "a", 2)
+    await system.member("team-a", "a-0", "a")
+    node = node_of(system, "team-a", "a-0")
+    bound = group_status(system, "team-a", "a")["allocatedDevices"][GPU]
+    await kube.delete_group("team-a", "a")
+    await kube.wait_group("team-a", "a", lambda g: g["status"].get("phase") == names.PHASE_RELEASING, "Releasing")
+    await kube.custom.patch_namespaced_custom_object(
+        names.GROUP, names.VERSION, "team-a", names.PLURAL, "a", {"metadata": {"finalizers": None}},
+        _content_type="application/merge-patch+json")
+    await kube.wait_for(lambda: system.cluster.get(names.PLURAL, "a", "team-a") is None, "group a gone")
+
+    await kube.patch_pod_annotations("team-a", "a-0", {SELECTED: None, names.env_annotation(ENV): "all"})
+
+    async def restored() -> bool:
+        pod = await kube.pod("team-a", "a-0")
+        ann = (pod or {})["metadata"].get("annotations") or {}
+        return ann.get(names.env_annotation(ENV)) == ",".join(bound) and bool(ann.get(SELECTED))
+
+    await kube.wait_for(restored, "the member's annotations put back though its group is gone")
+    await system.restart_operator()
+    await system.group("team-b", "b", 4, nodeSelector={"kubernetes.io/hostname": node})
+    await system.member("team-b", "b-0", "b", bound=False)
+    await refusal(system, "team-b", "b-0", "0/2 nodes are available")
+    assert not visible_twice(system)
+
+
+async def test_a_late_joiner_refused_by_the_member_check_is_not_listed_as_a_member(system: System) -> None:
+    kube = system.kube
+    await system.group("team-a", "g", 1)
+    await system.member("team-a", "g-0", "g")
+    await system.raw_pod("team-a", {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "late", "namespace": "team-a"},
+        "spec": {"schedulerName": names.DEFAULT_SCHEDULER_NAME, "containers": [{
+            "name": "main", "image": "cuda", "resources": {"limits": {GPU: "4"}},
+        }]},
+    })
+    await kube.patch_pod_annotations("team-a", "late", {names.POD_GROUP_ANNOTATION: "g"})
+    await refusal(system, "team-a", "late", "did not pass admission")
+    # An honest member that joins later is listed; the refused one never is.
+    await system.member("team-a", "g-1", "g", bound=False)
+
+    def listed() -> list[str]:
+        return list(group_status(system, "team-a", "g").get("members") or [])
+
+    await kube.wait_for(lambda: "g-1" in listed(), "g-1 listed")
+    await asyncio.sleep(0.3)  # any later status write would have happened by now
+    assert listed() == ["g-0", "g-1"]
+    assert group_status(system, "team-a", "g")["memberCount"] == 2
+    assert node_of(system, "team-a", "late") is None
     assert_safe(system)

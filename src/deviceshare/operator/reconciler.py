@@ -7,7 +7,8 @@ from the ledger (the authority on devices) and the pods (the authority on who ru
 - node lost (deleted or NotReady): NodeLost condition and event; once no member runs there the devices
   go back to the ledger and the group returns to Pending, to be placed again by its next pod;
 - member pods whose device annotations (or group annotation) were edited get them back from the
-  allocation: only members we bound into this group, and only on the group's node;
+  allocation: only members we bound into this group, and only on the group's node; also after the group
+  itself is gone while they run (someone removed our finalizer), when they are the claim's only record;
 - a member a release has waited on for ``member_recheck`` seconds is read again from the API: if its
   deletion never reached us (a pod watch that hangs without an error), it would otherwise hold its
   group's devices for ever.
@@ -81,6 +82,10 @@ class GroupReconciler:
                 ctx.ledger.release(gkey)
                 self._forget_conflicts(gkey)
                 return True
+            if allocation is not None:
+                # The members' annotations are now the only record a restarted operator can rebuild this
+                # claim from (a gone group has no status): keep them true while its members run.
+                await self._restore_pod_annotations(gkey, allocation, on_devices)
             return False
 
         if group.deleting:
@@ -279,12 +284,14 @@ class GroupReconciler:
         else:
             conds = statuses.without_condition(conds, names.CONDITION_CONFLICT)
 
+        # Not a pod the pre-bind member check refuses: its annotation names the group, but it is no member.
+        listed = statuses.listed_members(live, group.spec, ctx.config.env_names)
         desired: dict[str, Any] = {
             "phase": phase,
             "nodeName": allocation.node if allocation else None,
             **statuses.allocated_fields(allocation),
-            "members": [p.name for p in live],
-            "memberCount": len(live),
+            "members": [p.name for p in listed],
+            "memberCount": len(listed),
             "observedGeneration": gen,
             "conditions": conds,
         }

@@ -97,6 +97,8 @@ class Runtime:
             self.pod_reflector = pods.reflector = self.ctx.api.pod_reflector(pods)
             self._tasks.append(loop.create_task(self.group_reflector.run(), name="watch groups"))
             self._tasks.append(loop.create_task(self.pod_reflector.run(), name="watch pods"))
+            quota_reflector = self.ctx.api.quota_reflector(self.scheduler.quotas)  # device budgets (quotas.py)
+            self._tasks.append(loop.create_task(quota_reflector.run(), name="watch resourcequotas"))
         self._workers = [loop.create_task(self._worker(i)) for i in range(self.ctx.config.workers)]
         self._workers.append(loop.create_task(self._reconcile_loop()))
         self._workers.append(loop.create_task(self._flush_loop()))

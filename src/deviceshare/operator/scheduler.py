@@ -1,7 +1,8 @@
 """One scheduling cycle for one pod: check, decide with the core, persist, bind — or roll back.
 
 The order is what makes a crash at any step safe:
-0. make sure the group carries our finalizer (so its deletion waits for the release);
+0. read the namespace's ResourceQuotas and make sure the group carries our finalizer (so its deletion
+   waits for the release); a group the quota has no room for is refused (see :mod:`.quotas`);
 1. reserve devices in the ledger (in memory, in flight);
 2. persist the allocation in the group's status, conditional on its resourceVersion — from here on a
    restarted operator rebuilds the claim from the API;
@@ -33,8 +34,8 @@ from deviceshare.core import ledger as ledgers
 from deviceshare.core import members as member_rules
 from deviceshare.core import placement
 
+from . import quotas, statuses, storage
 from . import state as state_
-from . import statuses, storage
 from .context import Context
 
 logger = logging.getLogger("deviceshare.operator.scheduler")
@@ -59,6 +60,7 @@ class Outcome:
 class PodScheduler:
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
+        self.quotas = quotas.QuotaCache()  # fed by the runtime's quota reflector
 
     def is_ours(self, pod: state_.PodRecord) -> bool:
         return (
@@ -146,6 +148,7 @@ class PodScheduler:
         allocation = ctx.ledger.allocation(gkey)
         fresh = allocation is None
         if allocation is None:
+            budget = await quotas.read(self.quotas, ctx.api, gkey[0])  # checked below, after the last await
             if names.GROUP_FINALIZER not in group.finalizers:
                 # Before the group claims anything: a deletion from here on waits for us (Releasing), even
                 # one that comes before the reconciler would have got round to adding the finalizer.
@@ -158,6 +161,11 @@ class PodScheduler:
                     return Outcome(Result.RETRY, "the group changed while its finalizer was added", retry_after=0.05)
                 group = dataclasses.replace(group, resource_version=marked.resource_version,
                                             finalizers=marked.finalizers)
+            # No await from here to the reservation: another group of the namespace cannot slip in between.
+            over = quotas.refusal(ctx.ledger, gkey, dict(spec.resources), budget)
+            if over is not None:
+                ctx.unschedulable[gkey] = over
+                return Outcome(Result.UNSCHEDULABLE, over)
             request = placement.GroupRequest.from_spec(gkey, spec)
             decided = placement.schedule_group(ctx.ledger, request, pod.demand)
             if isinstance(decided, placement.Unschedulable):
@@ -228,7 +236,8 @@ class PodScheduler:
         current = group
         # The members too (pending ones count, as in every status write): the status is then already
         # right once they are bound, and no second write follows this one.
-        members = [p.name for p in self.ctx.state.live_members(group.key)]
+        live = self.ctx.state.live_members(group.key)
+        members = [p.name for p in statuses.listed_members(live, group.spec, self.ctx.config.env_names)]
         for _ in range(5):
             status = {
                 "phase": names.PHASE_BOUND,

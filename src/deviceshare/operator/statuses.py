@@ -8,7 +8,9 @@ from typing import Any
 from deviceshare.api import envnames, models, podannotations
 from deviceshare.core import inventory
 from deviceshare.core import ledger as ledgers
+from deviceshare.core import members as member_rules
 
+from . import state as state_
 from .storage import now_rfc3339
 
 
@@ -107,3 +109,18 @@ def same_conditions(a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any
         return (c.get("type"), c.get("status"), c.get("reason"), c.get("message"), c.get("observedGeneration"))
 
     return sorted(map(key, a)) == sorted(map(key, b))
+
+
+def listed_members(
+    pods: Iterable[state_.PodRecord], spec: models.GroupSpec | None, env_names: envnames.EnvNames
+) -> list[state_.PodRecord]:
+    """The pods a group's status lists as members: those we bound into it, and pending ones that pass the
+    member rules the webhook applies. A pod the pre-bind check refuses (it joined after admission with the
+    group's device resource or visibility env var) is no member, however its annotation names the group."""
+    if spec is None:
+        return [p for p in pods if p.member_of is not None]
+    env = member_rules.visibility_env(spec.resources, env_names)
+    return [
+        p for p in pods
+        if p.member_of is not None or next(member_rules.conflicts(p.containers, spec.resources, env), None) is None
+    ]

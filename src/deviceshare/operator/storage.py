@@ -95,6 +95,14 @@ class ClusterApi:
             call, sink, name=names.PLURAL, watch_timeout_s=watch_timeout_s, request_timeout_s=self.request_timeout
         )
 
+    def quota_reflector(self, sink: watching.Sink, *, watch_timeout_s: int = 300) -> watching.Reflector:
+        """A list+watch of every ResourceQuota (the namespaces' device budgets), feeding ``sink``."""
+        call = k8s.CoreV1Api(self._client).list_resource_quota_for_all_namespaces
+        return watching.Reflector(
+            call, sink, name="resourcequotas", watch_timeout_s=watch_timeout_s,
+            request_timeout_s=self.request_timeout,
+        )
+
     async def close(self) -> None:
         await self._client.close()
 
@@ -145,6 +153,14 @@ class ClusterApi:
         except Gone:
             return None
         return data
+
+    async def list_resource_quotas(self, namespace: str) -> list[dict[str, Any]]:
+        """The namespace's ResourceQuotas (its device budget), read when a group is placed before the
+        quota reflector has its first list."""
+        data = await self._call(
+            "GET", f"/api/v1/namespaces/{_segment(namespace)}/resourcequotas", f"list resourcequotas in {namespace}"
+        )
+        return list(data.get("items") or [])
 
     async def get_peering_status(self, name: str) -> dict[str, Any] | None:
         """The peers recorded in Kopf's ClusterKopfPeering object ``name``; None if it does not exist."""

@@ -1,0 +1,84 @@
+"""A namespace's device budget, checked where it is decided: when the operator places a group.
+
+The webhook refuses a group CREATE that would break its namespace's ResourceQuota, but it answers from a
+cache, so two groups created together both pass it (and a cluster may run without it). Placement is the
+authoritative point: a group is placed only if the devices the namespace's other groups hold, by the
+ledger (our own records, never anything a tenant wrote), plus what it asks for fit every quota. The
+arithmetic is :func:`deviceshare.core.budget.over_budget`, the webhook's own.
+
+The quotas come from a :class:`QuotaCache` that a reflector keeps (a list+watch of every ResourceQuota:
+they are few, and a read per placed group visibly slowed binding in ``bench_operator_writes --quick``);
+until its first list has arrived, a placement reads its namespace's quotas with one GET instead. The
+check itself runs with no ``await`` between it and the reservation in the ledger, so two groups of one
+namespace placed at the same moment cannot both pass it: the race the budget must close is between
+groups, and the ledger decides it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from deviceshare.core import budget
+from deviceshare.core import ledger as ledgers
+
+from . import storage
+
+GroupKey = tuple[str, str]
+
+
+class QuotaCache:
+    """Device quotas by namespace, mirrored by a reflector (a :class:`deviceshare.kube.watching.Sink`)."""
+
+    def __init__(self) -> None:
+        self.synced = False
+        self._by_key: dict[tuple[str, str], budget.Quota] = {}
+
+    def replace(self, objects: list[Mapping[str, Any]]) -> None:
+        self._by_key.clear()
+        for obj in objects:
+            self.apply("ADDED", obj)
+        self.synced = True
+
+    def apply(self, event_type: str, obj: Mapping[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
+        quota = None if event_type == "DELETED" else budget.quota_from_object(obj)
+        if quota is None:
+            self._by_key.pop(key, None)  # deleted, or (no longer) limits any device
+        else:
+            self._by_key[key] = quota
+
+    def quotas(self, namespace: str) -> list[budget.Quota]:
+        return [q for (ns, _), q in self._by_key.items() if ns == namespace]
+
+
+async def read(cache: QuotaCache, api: storage.ClusterApi, namespace: str) -> list[budget.Quota]:
+    """The namespace's quotas that limit devices (unscoped, with a ``requests.<device>`` entry)."""
+    if cache.synced:
+        return cache.quotas(namespace)
+    quotas = (budget.quota_from_object(obj) for obj in await api.list_resource_quotas(namespace))
+    return [q for q in quotas if q is not None]
+
+
+def refusal(
+    ledger: ledgers.DeviceLedger, gkey: GroupKey, resources: Mapping[str, int], quotas: list[budget.Quota]
+) -> str | None:
+    """Why placing ``gkey`` (asking for ``resources``) would break a quota of its namespace, or ``None``."""
+    if not quotas:
+        return None
+    namespace, name = gkey
+    held = [
+        {resource: len(ids) for resource, ids in a.devices.items()}
+        for a in ledger.allocations()
+        if a.group[0] == namespace and a.group != gkey
+    ]
+    over = budget.over_budget(namespace, name, resources, held, quotas)
+    if over is None:
+        return None
+    pods = f", pods request {over.used_by_pods}" if over.used_by_pods else ""
+    return (
+        f'SharedDeviceGroup "{name}" would put namespace {namespace} over its device budget: '
+        f'ResourceQuota "{over.quota}" allows {budget.QUOTA_PREFIX}{over.resource} {over.hard}, '
+        f"groups hold {over.held_by_groups}{pods}, this group needs {over.requested}"
+    )
