@@ -11,7 +11,7 @@ import csv
 from collections.abc import Iterable
 
 from deviceshare.core import fragmentation as frag
-from deviceshare.core import replay
+from deviceshare.core import nodeclasses
 
 NODE_COLUMNS = ("cpu_milli", "memory_mib", "gpu", "model")
 POD_COLUMNS = ("cpu_milli", "memory_mib", "num_gpu", "gpu_milli")
@@ -46,12 +46,12 @@ def _int(row: dict[str, str], column: str, source: str, line: int, low: int = 0)
     return value
 
 
-def parse_nodes(lines: Iterable[str], source: str = "<nodes>") -> list[replay.Node]:
-    nodes = []
+def parse_nodes(lines: Iterable[str], source: str = "<nodes>") -> list[nodeclasses.Node]:
+    nodes: list[nodeclasses.Node] = []
     for line, row in _rows(lines, source, NODE_COLUMNS):
         name = (row.get("sn") or row.get("name") or f"node-{len(nodes):05d}").strip()
         nodes.append(
-            replay.Node(
+            nodeclasses.Node(
                 name=name,
                 cpu_milli=_int(row, "cpu_milli", source, line),
                 memory_mib=_int(row, "memory_mib", source, line),
@@ -64,8 +64,8 @@ def parse_nodes(lines: Iterable[str], source: str = "<nodes>") -> list[replay.No
     return nodes
 
 
-def parse_pods(lines: Iterable[str], source: str = "<pods>") -> list[replay.Pod]:
-    pods = []
+def parse_pods(lines: Iterable[str], source: str = "<pods>") -> list[nodeclasses.Pod]:
+    pods: list[nodeclasses.Pod] = []
     for line, row in _rows(lines, source, POD_COLUMNS):
         milli = _int(row, "gpu_milli", source, line)
         num = _int(row, "num_gpu", source, line)
@@ -74,7 +74,7 @@ def parse_pods(lines: Iterable[str], source: str = "<pods>") -> list[replay.Pod]
         shape = frag.normalized_shape(
             _int(row, "cpu_milli", source, line), milli, num, (row.get("gpu_spec") or "").strip()
         )
-        pods.append(replay.Pod(shape, _int(row, "memory_mib", source, line)))
+        pods.append(nodeclasses.Pod(shape, _int(row, "memory_mib", source, line)))
     if not pods:
         raise TraceError(f"{source}: no pods")
     return pods
