@@ -53,23 +53,30 @@ class Replay:
     placed: int = 0
     seconds: float = 0.0  # time spent deciding
 
+    def curve(self) -> dict[int, float]:
+        """Arrived load (percent of GPU capacity, rounded) -> GPU share in use (percent), averaged
+        over the pods whose arrival rounds to that load: the artifact's "allocated at X%"."""
+        sums: dict[int, list[int]] = {}
+        for arrived, allocated in zip(self.arrived, self.allocated, strict=True):
+            entry = sums.setdefault(math.floor(100 * arrived / self.capacity_milli + 0.5), [0, 0])
+            entry[0] += allocated
+            entry[1] += 1
+        return {p: 100.0 * total / count / self.capacity_milli for p, (total, count) in sums.items()}
+
     def allocated_at(self, percent: int) -> float:
-        """GPU share in use (percent of capacity) averaged over the pods whose arrival rounds to ``percent``."""
-        cap = self.capacity_milli
-        hits = [
-            a for r, a in zip(self.arrived, self.allocated, strict=True) if math.floor(100 * r / cap + 0.5) == percent
-        ]
-        if not hits:  # the load never got there: the last state before it
-            below = [a for r, a in zip(self.arrived, self.allocated, strict=True) if 100 * r / cap <= percent]
-            hits = below[-1:] or [0]
-        return 100.0 * sum(hits) / len(hits) / cap
+        return allocated_at(self.curve(), percent)
 
     @property
     def decisions_per_second(self) -> float:
         return len(self.arrived) / self.seconds if self.seconds > 0 else 0.0
 
 
-PolicyFactory = Callable[[], policies.Policy]
+def allocated_at(curve: dict[int, float], percent: int) -> float:
+    """The share at ``percent`` load; if the load never rounded to it, the last share before it."""
+    if percent in curve:
+        return curve[percent]
+    below = [p for p in curve if p < percent]
+    return curve[max(below)] if below else 0.0
 
 
 def replay(
