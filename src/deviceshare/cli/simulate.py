@@ -116,8 +116,8 @@ def simulate(
                     bar.tick(got.policy)
     if bar:
         bar.done()
-    for got in results.values():
-        got.sort(key=lambda r: r.seed)
+    for per_policy in results.values():
+        per_policy.sort(key=lambda r: r.seed)
     return results
 
 
