@@ -199,15 +199,14 @@ class Cluster:
         return Decision(node, policies.pick_gpus(self.gpu[node], pod.shape, policies.Choice(0), self.rng))
 
     def bind(self, pod: Pod, decision: Decision) -> None:
-        node = decision.node
+        node, gpus = decision.node, self.gpu[decision.node]
+        if any(gpus[i] < pod.shape.gpu_milli for i in decision.gpus):
+            raise ValueError(f"GPU(s) {decision.gpus} of {self.nodes[node].name} would be over-committed")
         self._leave(node)
         self.cpu[node] -= pod.shape.cpu_milli
         self.mem[node] -= pod.memory_mib
-        gpus = self.gpu[node]
         for i in decision.gpus:
             gpus[i] -= pod.shape.gpu_milli
-            if gpus[i] < 0:
-                raise ValueError(f"GPU {i} of {self.nodes[node].name} over-committed")
         self._join(node)
 
 
