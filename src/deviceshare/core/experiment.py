@@ -25,7 +25,11 @@ def _fgd(pods: Sequence[nodeclasses.Pod]) -> policies.Policy:
 
 
 def _ours(pods: Sequence[nodeclasses.Pod]) -> policies.Policy:
-    return policies.FGDPolicy(frag.Fragmentation(frag.target_workload(p.shape for p in pods)))
+    workload = frag.target_workload(p.shape for p in pods)
+    return policies.FGDPolicy(frag.Fragmentation(workload, fill_ahead=FILL_AHEAD), name="fgd-fill")
+
+
+FILL_AHEAD = 0.25  # blend of the fill-ahead fragment into the paper's (see Fragmentation.compute)
 
 
 POLICIES: Mapping[str, Callable[[Sequence[nodeclasses.Pod]], policies.Policy]] = {
@@ -33,7 +37,7 @@ POLICIES: Mapping[str, Callable[[Sequence[nodeclasses.Pod]], policies.Policy]] =
     "bestfit": lambda pods: policies.BestFitPolicy(),
     "packing": lambda pods: policies.PackingPolicy(),
     "fgd": _fgd,
-    "fgd-pack": _ours,
+    "fgd-fill": _ours,
 }
 
 

@@ -102,8 +102,9 @@ def target_workload(shapes: Iterable[Shape], coverage: float = 0.95) -> tuple[We
 class Fragmentation:
     """The fragmentation measure for one target workload, memoised per node signature."""
 
-    def __init__(self, workload: Sequence[WeightedShape]) -> None:
+    def __init__(self, workload: Sequence[WeightedShape], fill_ahead: float = 0.0) -> None:
         self.workload = tuple(workload)
+        self.fill_ahead = fill_ahead  # 0: the paper's measure; see :meth:`compute`
         # CPU-only shapes count every idle GPU as fragment, whatever the node: fold them into one weight.
         self._always = sum(w.weight for w in self.workload if w.shape.gpu_milli == 0)
         self._gpu_shapes = tuple(
@@ -120,11 +121,20 @@ class Fragmentation:
         return got
 
     def compute(self, signature: Signature) -> float:
+        """The weighted fragment; with ``fill_ahead`` > 0, our variant (policy ``fgd-fill``).
+
+        The paper's fragment of a shape the node can host ignores what hosting it repeatedly would
+        leave: on a node with 8 free GPUs and 24 free cores, a 12-core one-GPU shape fits, so no
+        GPU counts as fragment, yet 6 of the GPUs can never be used by it. Filling the node with
+        that shape alone (as many as GPUs and CPU allow) and counting the idle GPU left gives the
+        fill-ahead fragment; ``fill_ahead`` blends it with the paper's (0: the paper's only).
+        """
         model, cpu_free, gpus = signature
         idle = sum(gpus)
         if idle == 0:
             return 0.0
         frag = self._always * idle
+        ahead = self.fill_ahead
         for weight, cpu, milli, num, models in self._gpu_shapes:
             if cpu_free < cpu or (models and model not in models):
                 frag += weight * idle
@@ -136,7 +146,14 @@ class Fragmentation:
                     fitting += 1
                 else:
                     small += free
-            frag += weight * (small if fitting >= num else idle)
+            if fitting < num:
+                frag += weight * idle
+            elif ahead:
+                by_gpu = sum(free // milli for free in gpus) // num
+                hosted = min(by_gpu, cpu_free // cpu) if cpu else by_gpu
+                frag += weight * (ahead * (idle - hosted * milli * num) + (1 - ahead) * small)
+            else:
+                frag += weight * small
         return frag
 
 

@@ -128,8 +128,9 @@ class FGDPolicy:
     name = "fgd"
     randomized = False
 
-    def __init__(self, measure: frag.Fragmentation) -> None:
+    def __init__(self, measure: frag.Fragmentation, name: str = "fgd") -> None:
         self.measure = measure
+        self.name = name
 
     def evaluate(self, signature: Signature, shape: Shape) -> Choice | None:
         if not fits(signature, shape):
