@@ -102,7 +102,7 @@ def target_workload(shapes: Iterable[Shape], coverage: float = 0.95) -> tuple[We
 class Fragmentation:
     """The fragmentation measure for one target workload, memoised per node signature."""
 
-    def __init__(self, workload: Sequence[WeightedShape], fill_ahead: float = 0.0) -> None:
+    def __init__(self, workload: Sequence[WeightedShape], fill_ahead: float = 0.0, memo: bool = True) -> None:
         self.workload = tuple(workload)
         self.fill_ahead = fill_ahead  # 0: the paper's measure; see :meth:`compute`
         # CPU-only shapes count every idle GPU as fragment, whatever the node: fold them into one weight.
@@ -113,8 +113,11 @@ class Fragmentation:
             if w.shape.gpu_milli > 0
         )
         self._memo: dict[Signature, float] = {}
+        self._use_memo = memo  # False: recompute every time (the naive reference in the bench)
 
     def __call__(self, signature: Signature) -> float:
+        if not self._use_memo:
+            return self.compute(signature)
         got = self._memo.get(signature)
         if got is None:
             got = self._memo[signature] = self.compute(signature)

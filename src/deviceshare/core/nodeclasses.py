@@ -210,14 +210,19 @@ class Cluster:
         self._join(node)
 
 
-def decide_naive(cluster: Cluster, pod: Pod) -> Decision | None:
-    """Rate every node against the pod afresh (no classes, no memo): what :meth:`Cluster.decide` avoids."""
+def decide_naive(cluster: Cluster, pod: Pod, policy: policies.Policy | None = None) -> Decision | None:
+    """Rate every node against the pod afresh (no classes): what :meth:`Cluster.decide` avoids.
+
+    ``policy`` defaults to the cluster's; pass one whose measure does not memoise for the truly
+    naive cost (every node's fragmentation recomputed per decision).
+    """
+    policy = cluster.policy if policy is None else policy
     best: tuple[int, int, policies.Choice] | None = None  # (score, -rank, rating)
     node_of_best = -1
     for node in range(len(cluster.nodes)):
         if cluster.mem[node] < pod.memory_mib:
             continue
-        got = cluster.policy.evaluate(cluster.signature(node), pod.shape)
+        got = policy.evaluate(cluster.signature(node), pod.shape)
         if got is None:
             continue
         if best is None or (got.score, -cluster.rank[node]) > best[:2]:
