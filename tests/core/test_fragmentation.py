@@ -92,3 +92,24 @@ def test_fragmentation_is_between_zero_and_the_idle_gpu(gpus: list[int], cpu: in
     node = frag.signature_of("A", cpu, gpus)
     got = measure(*frag.target_workload(workload, coverage=1.0))(node)
     assert -1e-6 <= got <= sum(gpus) + 1e-6
+
+
+@given(gpus=gpu_lists, cpu=st.integers(0, 64_000), workload=st.lists(shapes, min_size=1, max_size=6))
+def test_the_cpu_table_agrees_with_the_shape_by_shape_definition(
+    gpus: list[int], cpu: int, workload: list[Shape]
+) -> None:
+    m = measure(*frag.target_workload(workload, coverage=1.0))
+    for model in ("A", "B"):
+        node = frag.signature_of(model, cpu, gpus)
+        assert m(node) == pytest.approx(m.compute_direct(node))
+        assert m.compute(node) == pytest.approx(m.compute_direct(node))
+
+
+def test_fill_ahead_counts_the_gpu_a_shape_alone_would_leave_idle() -> None:
+    twelve_cores = Shape(12_000, 1000, 1)
+    node = frag.signature_of("A", 24_000, [1000] * 8)
+    assert measure(WeightedShape(twelve_cores, 1.0))(node) == 0  # the paper's: the shape fits
+    ahead = frag.Fragmentation((WeightedShape(twelve_cores, 1.0),), fill_ahead=1.0)
+    assert ahead(node) == pytest.approx(6000)  # two hosted, six GPUs left for good
+    blended = frag.Fragmentation((WeightedShape(twelve_cores, 1.0),), fill_ahead=0.25)
+    assert blended(node) == pytest.approx(1500)

@@ -21,6 +21,7 @@ multiset only, so nodes in the same state share one computation.
 
 from __future__ import annotations
 
+import bisect
 import collections
 import math
 from collections.abc import Iterable, Sequence
@@ -99,6 +100,15 @@ def target_workload(shapes: Iterable[Shape], coverage: float = 0.95) -> tuple[We
     return tuple(WeightedShape(shape, count / covered) for shape, count in chosen)
 
 
+@dataclass(frozen=True, slots=True)
+class _CpuTable:
+    idle: int
+    base: float  # wasted whatever the CPU: CPU-only shapes and shapes of other GPU models
+    cpus: list[int]  # the other shapes' CPU, ascending
+    weights: list[float]  # prefix sums of their weights
+    wasted: list[float]  # prefix sums of their weighted fragment when their CPU is there
+
+
 class Fragmentation:
     """The fragmentation measure for one target workload, memoised per node signature."""
 
@@ -113,6 +123,7 @@ class Fragmentation:
             if w.shape.gpu_milli > 0
         )
         self._memo: dict[Signature, float] = {}
+        self._tables: dict[tuple[str, tuple[int, ...]], _CpuTable] = {}
         self._use_memo = memo  # False: recompute every time (the naive reference in the bench)
 
     def __call__(self, signature: Signature) -> float:
@@ -120,11 +131,59 @@ class Fragmentation:
             return self.compute(signature)
         got = self._memo.get(signature)
         if got is None:
-            got = self._memo[signature] = self.compute(signature)
+            if self.fill_ahead:
+                got = self.compute_direct(signature)
+            else:
+                model, cpu_free, gpus = signature
+                table = self._tables.get((model, gpus))
+                if table is None:
+                    table = self._tables[(model, gpus)] = self._table(model, gpus)
+                got = self._from_table(table, cpu_free)
+            self._memo[signature] = got
         return got
 
     def compute(self, signature: Signature) -> float:
-        """The weighted fragment; with ``fill_ahead`` > 0, our variant (policy ``fgd-fill``).
+        """The fragment of one node state, without memo (the paper's measure via its CPU table)."""
+        if self.fill_ahead:
+            return self.compute_direct(signature)
+        model, cpu_free, gpus = signature
+        return self._from_table(self._table(model, gpus), cpu_free)
+
+    def _table(self, model: str, gpus: tuple[int, ...]) -> _CpuTable:
+        """For one GPU state, every shape's fragment as a function of free CPU.
+
+        A shape short of CPU wastes all idle GPU, one with enough CPU wastes its GPU-side fragment;
+        with the model's shapes sorted by CPU, the fragment at any free CPU is a bisection plus two
+        prefix sums. GPU states repeat far more than (GPU state, CPU) pairs, so this is the cache.
+        """
+        idle = sum(gpus)
+        base = self._always * idle
+        rows = []
+        for weight, cpu, milli, num, models in self._gpu_shapes:
+            if models and model not in models:
+                base += weight * idle
+                continue
+            fitting = sum(1 for free in gpus if free >= milli)
+            small = sum(free for free in gpus if free < milli)
+            rows.append((cpu, weight, weight * (small if fitting >= num else idle)))
+        rows.sort(key=lambda r: r[0])
+        weights = [0.0]
+        wasted = [0.0]
+        for _, weight, waste in rows:
+            weights.append(weights[-1] + weight)
+            wasted.append(wasted[-1] + waste)
+        return _CpuTable(idle, base, [r[0] for r in rows], weights, wasted)
+
+    @staticmethod
+    def _from_table(table: _CpuTable, cpu_free: int) -> float:
+        if table.idle == 0:
+            return 0.0
+        met = bisect.bisect_right(table.cpus, cpu_free)  # shapes whose CPU the node still has
+        short = table.weights[-1] - table.weights[met]
+        return table.base + short * table.idle + table.wasted[met]
+
+    def compute_direct(self, signature: Signature) -> float:
+        """The weighted fragment shape by shape; with ``fill_ahead`` > 0, our variant (``fgd-fill``).
 
         The paper's fragment of a shape the node can host ignores what hosting it repeatedly would
         leave: on a node with 8 free GPUs and 24 free cores, a 12-core one-GPU shape fits, so no

@@ -22,7 +22,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import random
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
 from deviceshare.core import fragmentation as frag
@@ -134,9 +134,9 @@ class Cluster:
         log = self._log
         if index is None:
             index = self._index[shape] = _ShapeIndex(seen=len(log))
-            pending: Sequence[int] = list(self._classes)
+            pending: Collection[int] = list(self._classes)
         else:
-            pending = log[index.seen :]
+            pending = set(log[index.seen :])  # a busy class shows up many times
             index.seen = len(log)
         if len(pending) > len(self._classes) or len(index.heap) > 2 * len(self._classes) + 64:
             index.heap.clear()  # cheaper (and leaner) to start over from the current classes
