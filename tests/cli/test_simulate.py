@@ -111,7 +111,9 @@ def test_plot_writes_a_png(trace: tuple[Path, Path], tmp_path: Path, capsys: pyt
     pytest.importorskip("matplotlib")
     nodes, pods = trace
     out = tmp_path / "alloc.png"
-    code, _, _ = simulate(capsys, "--nodes", str(nodes), "--pods", str(pods), "--seeds", "1", "--jobs", "1", "--plot", str(out))
+    code, _, _ = simulate(
+        capsys, "--nodes", str(nodes), "--pods", str(pods), "--seeds", "1", "--jobs", "1", "--plot", str(out)
+    )
     assert code == 0
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
