@@ -30,6 +30,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "inspect": ("deviceshare.cli.inspect", "per-node device map: which group holds which device"),
     "explain": ("deviceshare.cli.explain", "why a pod is pending, in plain words"),
     "certs": ("deviceshare.webhooks.certs", "generate a self-signed CA and webhook serving certificate"),
+    "simulate": ("deviceshare.cli.simulate", "replay a node and pod list through the placement policies"),
 }
 
 EXIT_CONFIG = 2  # a setting the user must fix (also argparse's exit code for a bad flag)

@@ -1,0 +1,83 @@
+"""The FGD paper's experiment as one call per (policy, seed): what ``deviceshare simulate`` and the
+benchmark both run, so their figures agree.
+
+Policies by name: ``random``, ``bestfit``, ``packing``, ``fgd`` (the paper's), and ours (see
+:mod:`deviceshare.core.policies`). The fragmentation-aware ones measure against the target
+workload of the pod list being replayed (the artifact's: the shapes covering 95% of its pods).
+Seeds are independent, so callers may run them in parallel processes: :func:`run_seed` takes and
+returns only plain, picklable values.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from deviceshare.core import fragmentation as frag
+from deviceshare.core import nodeclasses, policies, replay
+
+FIRST_SEED = 42  # the artifact's seeds are 42, 43, ...
+
+
+def _fgd(pods: Sequence[nodeclasses.Pod]) -> policies.Policy:
+    return policies.FGDPolicy(frag.Fragmentation(frag.target_workload(p.shape for p in pods)))
+
+
+def _ours(pods: Sequence[nodeclasses.Pod]) -> policies.Policy:
+    workload = frag.target_workload(p.shape for p in pods)
+    return policies.FGDPolicy(frag.Fragmentation(workload, fill_ahead=FILL_AHEAD), name="fgd-fill")
+
+
+FILL_AHEAD = 0.25  # blend of the fill-ahead fragment into the paper's (see Fragmentation.compute)
+
+
+POLICIES: Mapping[str, Callable[[Sequence[nodeclasses.Pod]], policies.Policy]] = {
+    "random": lambda pods: policies.RandomPolicy(),
+    "bestfit": lambda pods: policies.BestFitPolicy(),
+    "packing": lambda pods: policies.PackingPolicy(),
+    "fgd": _fgd,
+    "fgd-fill": _ours,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class SeedResult:
+    policy: str
+    seed: int
+    curve: dict[int, float]  # arrived load % -> allocated GPU share %
+    decisions: int
+    placed: int
+    seconds: float
+
+
+def run_seed(
+    nodes: Sequence[nodeclasses.Node], pods: Sequence[nodeclasses.Pod], policy: str, seed: int, ratio: float
+) -> SeedResult:
+    if policy not in POLICIES:
+        raise ValueError(f"unknown policy {policy!r} (known: {', '.join(POLICIES)})")
+    got = replay.replay(nodes, pods, POLICIES[policy](pods), seed, ratio)
+    return SeedResult(policy, seed, got.curve(), len(got.arrived), got.placed, got.seconds)
+
+
+@dataclass(frozen=True, slots=True)
+class Spread:
+    median: float
+    min: float
+    max: float
+
+
+def spread(results: Sequence[SeedResult], percent: int) -> Spread:
+    values = [replay.allocated_at(r.curve, percent) for r in results]
+    return Spread(statistics.median(values), min(values), max(values))
+
+
+def decisions_per_second(results: Sequence[SeedResult]) -> float:
+    seconds = sum(r.seconds for r in results)
+    return sum(r.decisions for r in results) / seconds if seconds > 0 else 0.0
+
+
+def report_points(ratio: float) -> tuple[int, ...]:
+    """The loads reported: 100% (when reached) and the final load."""
+    final = round(ratio * 100)
+    return (100, final) if final > 100 else (final,)

@@ -1,0 +1,113 @@
+"""Replay of a GPU-cluster trace through a placement policy, the way the FGD artifact runs it.
+
+Why a separate engine: the paper's figures come from a simulator whose details decide them
+(``../shared/NOTES.md``), and a capacity-planning command needs the same replay to be fast.
+
+- **Load**: per seed, the node order (the tie-break: the artifact prefixes node names with a
+  random string and lets the alphabetically smallest win) is a random permutation; the pod list
+  is shuffled, then random copies of its pods are appended until the requested GPUs would pass
+  ``ratio`` x the cluster's GPUs (or random pods are removed while they exceed it). Pods never
+  leave; one that fits nowhere is dropped but counts as arrived.
+- **Measure**: "allocated at X%" is the GPU milli in use over the cluster's GPU milli, averaged
+  over the pods whose arrived GPU request (in percent of capacity) rounds to X.
+- **Speed**: decisions go through :class:`nodeclasses.Cluster` (nodes grouped by state, each
+  state rated once per pod shape).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from deviceshare.core import fragmentation as frag
+from deviceshare.core import policies
+from deviceshare.core.nodeclasses import Cluster, Node, Pod
+
+
+def arrivals(pods: Sequence[Pod], capacity_milli: int, rng: random.Random, ratio: float) -> list[int]:
+    """Pod indices in arrival order: the list shuffled, then grown (or pruned) to ``ratio`` x capacity."""
+    order = list(range(len(pods)))
+    rng.shuffle(order)
+    target = ratio * capacity_milli
+    total = sum(pods[i].shape.total_gpu_milli for i in order)
+    while total > target and order:
+        total -= pods[order.pop(rng.randrange(len(order)))].shape.total_gpu_milli
+    while pods and total < target:
+        i = rng.randrange(len(pods))
+        # the artifact compares with the pod's per-GPU share here, not its total; kept for fidelity
+        if total + pods[i].shape.gpu_milli > target:
+            break
+        total += pods[i].shape.total_gpu_milli
+        order.append(i)
+    return order
+
+
+@dataclass(slots=True)
+class Replay:
+    capacity_milli: int
+    arrived: list[int] = field(default_factory=list)  # cumulative GPU milli requested, per pod
+    allocated: list[int] = field(default_factory=list)  # GPU milli in use after each pod
+    placed: int = 0
+    seconds: float = 0.0  # time spent deciding
+
+    def curve(self) -> dict[int, float]:
+        """Arrived load (percent of GPU capacity, rounded) -> GPU share in use (percent), averaged
+        over the pods whose arrival rounds to that load: the artifact's "allocated at X%"."""
+        sums: dict[int, list[int]] = {}
+        for arrived, allocated in zip(self.arrived, self.allocated, strict=True):
+            entry = sums.setdefault(math.floor(100 * arrived / self.capacity_milli + 0.5), [0, 0])
+            entry[0] += allocated
+            entry[1] += 1
+        return {p: 100.0 * total / count / self.capacity_milli for p, (total, count) in sums.items()}
+
+    def allocated_at(self, percent: int) -> float:
+        return allocated_at(self.curve(), percent)
+
+    @property
+    def decisions_per_second(self) -> float:
+        return len(self.arrived) / self.seconds if self.seconds > 0 else 0.0
+
+
+def allocated_at(curve: dict[int, float], percent: int) -> float:
+    """The share at ``percent`` load; if the load never rounded to it, the last share before it."""
+    if percent in curve:
+        return curve[percent]
+    below = [p for p in curve if p < percent]
+    return curve[max(below)] if below else 0.0
+
+
+def replay(
+    nodes: Sequence[Node],
+    pods: Sequence[Pod],
+    policy: policies.Policy,
+    seed: int,
+    ratio: float = 1.3,
+    on_pod: Callable[[int, int], None] | None = None,
+) -> Replay:
+    """One seed of the experiment: every arriving pod placed by ``policy`` or dropped."""
+    rng = random.Random(seed)
+    order = list(range(len(nodes)))
+    rng.shuffle(order)
+    cluster = Cluster(nodes, policy, order, seed=rng.randrange(2**32))
+    result = Replay(capacity_milli=sum(n.gpus for n in nodes) * frag.MILLI)
+    sequence = arrivals(pods, result.capacity_milli, rng, ratio)
+    arrived = allocated = 0
+    clock = time.perf_counter
+    for step, i in enumerate(sequence):
+        pod = pods[i]
+        arrived += pod.shape.total_gpu_milli
+        started = clock()
+        decision = cluster.decide(pod)
+        result.seconds += clock() - started
+        if decision is not None:
+            cluster.bind(pod, decision)
+            allocated += pod.shape.total_gpu_milli
+            result.placed += 1
+        result.arrived.append(arrived)
+        result.allocated.append(allocated)
+        if on_pod is not None:
+            on_pod(step, len(sequence))
+    return result
