@@ -71,7 +71,7 @@ class LeaseElector:
         self.lease_duration = lease_duration
         self._clock, self._wall = clock, wall
         self._observed: dict[str, Any] | None = None  # the spec we last saw (or wrote)
-        self._observed_at = 0.0  # our clock when it last changed
+        self._observed_at = 0.0  # our clock when it (or its resourceVersion) last changed
         self._resource_version: str | None = None
         self.holder: str | None = None  # who holds it, as far as we know
 
@@ -81,9 +81,12 @@ class LeaseElector:
 
     def _observe(self, obj: Mapping[str, Any]) -> dict[str, Any]:
         spec = dict(obj.get("spec") or {})
-        if spec != self._observed:
+        version = str((obj.get("metadata") or {}).get("resourceVersion") or "") or None
+        # Every write changes the resourceVersion, even one that leaves the record as it was (two
+        # renewals within a clock tick), so it restarts the count too.
+        if spec != self._observed or version != self._resource_version:
             self._observed, self._observed_at = spec, self._clock()
-        self._resource_version = str((obj.get("metadata") or {}).get("resourceVersion") or "") or None
+        self._resource_version = version
         self.holder = str(spec.get("holderIdentity") or "") or None
         return spec
 
@@ -120,7 +123,7 @@ class LeaseElector:
         if not mine:
             new["acquireTime"] = now
             new["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + 1  # client-go counts every taking
-        return await self._write(obj, new)
+        return await self._write(obj, new) and self.is_leader
 
     async def release(self) -> bool:
         """Give the Lease up if we hold it (empty holder), so a successor need not wait for expiry."""
@@ -129,9 +132,7 @@ class LeaseElector:
         now = _micro_time(self._wall())
         new = dict(self._observed, holderIdentity="", leaseDurationSeconds=1, renewTime=now)
         new.pop("acquireTime", None)
-        ok = await self._write({"metadata": {"resourceVersion": self._resource_version}}, new)
-        self.holder = None
-        return ok
+        return await self._write({"metadata": {"resourceVersion": self._resource_version}}, new)
 
     async def _write(self, obj: Mapping[str, Any], spec: Mapping[str, Any]) -> bool:
         meta = {"name": self.name, "namespace": self.namespace,
@@ -142,7 +143,7 @@ class LeaseElector:
         except (Conflict, Gone):  # changed (or deleted) since we read it: lost this round
             self._observed = None  # re-read next time; a changed record restarts the expiry count
             return False
-        return self.is_leader
+        return True
 
 
 class Leadership:
