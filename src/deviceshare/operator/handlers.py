@@ -24,7 +24,7 @@ from .config import OperatorConfig
 from .metrics import Metrics
 from .runtime import Runtime
 
-logger = logging.getLogger("deviceshare.operator")
+logger = logging.getLogger(__name__)
 
 
 def connection_info(cfg: k8s.Configuration) -> kopf.ConnectionInfo:

@@ -31,7 +31,7 @@ from .queueing import SchedulingQueue
 from .reconciler import GroupReconciler
 from .scheduler import PodScheduler, Result
 
-logger = logging.getLogger("deviceshare.operator")
+logger = logging.getLogger(__name__)
 
 
 class Runtime:

@@ -27,7 +27,7 @@ from .context import Context
 from .metrics import Metrics
 from .runtime import Runtime
 
-logger = logging.getLogger("deviceshare.operator")
+logger = logging.getLogger(__name__)
 
 
 async def preflight(config: OperatorConfig) -> None:
