@@ -142,7 +142,7 @@ async def test_a_partitioned_leader_stops_placing_within_its_renew_deadline(
         cluster.inject_fault("PUT", rf"/leases/{LEASE}$", status=503, times=None)
         cut = time.monotonic()
         await workload.until(lambda: not active.runtime.scheduling, "the leader stops", RENEW_DEADLINE + 3)
-        assert time.monotonic() - cut <= RENEW_DEADLINE + RETRY_PERIOD + 1.0
+        assert time.monotonic() - cut <= RENEW_DEADLINE + 0.5  # its last renewal landed before the cut
         # Nobody may place now: the leader has stopped and the standby cannot take the Lease.
         cluster.create(workload.pod_body(NS, "g-1", "g"))
         await asyncio.sleep(LEASE_DURATION + 1)
