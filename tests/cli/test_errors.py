@@ -195,3 +195,22 @@ def test_subcommand_help_loads_no_client_library(env: dict[str, str], name: str)
     )
     result = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
     assert result.stderr.strip() == "[]", f"deviceshare {name} --help imports {result.stderr.strip()}"
+
+
+@pytest.mark.parametrize("command", ["sandbox", "demo"])
+def test_without_the_sandbox_extra_sandbox_and_demo_name_it_in_one_line(
+    env: dict[str, str], tmp_path: Path, command: str
+) -> None:
+    # An image without the extra: kmock and cel-python cannot be imported.
+    hidden = tmp_path / "hidden"
+    for module in ("kmock", "celpy"):
+        (hidden / module).mkdir(parents=True)
+        (hidden / module / "__init__.py").write_text(f"raise ImportError('No module named {module}')\n")
+    env = {**env, "PYTHONPATH": f"{hidden}{os.pathsep}{SRC}"}
+    result = deviceshare(env, command, "--kubeconfig", str(tmp_path / "kubeconfig"))
+    assert result.returncode == cli.EXIT_CONFIG
+    assert result.stderr.splitlines() == [
+        f"deviceshare {command}: the sandbox needs the optional extra: pip install 'deviceshare[sandbox]' "
+        "(missing: kmock, cel-python)"
+    ]
+    assert not (tmp_path / "kubeconfig").exists()

@@ -5,9 +5,11 @@
   and mapped to (apiGroup, resource, verb) as the API server's authorizer would.
 - Kopf, for the operator: the resources its registered handlers watch (from a real registry filled
   by ``operator.handlers.register``), plus what Kopf itself needs in the mode ``operator/process.py``
-  starts it in (cluster-wide or not, read from the ``kopf.operator(...)`` call): the CRD watch, event
-  posting, the peering object; and namespaces only when it is not cluster-wide (kopf's
-  ``_core/reactor/observation.py`` skips the namespace scan when cluster-wide).
+  starts it in (cluster-wide or not, standalone or peering, read from the ``kopf.operator(...)`` call):
+  the CRD watch, event posting, the peering object unless standalone; and namespaces only when it is not
+  cluster-wide (kopf's ``_core/reactor/observation.py`` skips the namespace scan when cluster-wide).
+- A path whose namespace is the parameter ``own_namespace`` (the leader-election Lease) needs access in
+  the operator's own namespace only: :attr:`Access.own_namespace`, a Role rather than a ClusterRole.
 - The webhook: every ``list_*`` API method its cache hands to a ``watching.Reflector``
   (``webhooks/groups.py``), each of which lists and then watches.
 """
@@ -34,12 +36,14 @@ WEBHOOK_CACHE = SRC / "webhooks" / "groups.py"
 
 _VERB_BY_METHOD = {"POST": "create", "PATCH": "patch", "PUT": "update", "DELETE": "delete"}
 PLACEHOLDER = "{}"
+OWN = "{own}"  # the operator's own namespace
 
 
 class Access(NamedTuple):
     api_group: str
     resource: str
     verb: str
+    own_namespace: bool = False  # needed in the operator's namespace only
 
 
 class UnresolvedCall(Exception):
@@ -58,7 +62,9 @@ def access_for(method: str, path: str) -> Access:
         group, rest = segments[1], segments[3:]
     else:
         raise UnresolvedCall(f"not a resource path: {path}")
-    if len(rest) > 2 and rest[0] == "namespaces":
+    own = False
+    if len(rest) >= 2 and rest[0] == "namespaces" and (len(rest) > 2 or rest[1] == OWN):
+        own = rest[1] == OWN
         rest = rest[2:]
     if not rest or PLACEHOLDER in rest[0]:
         raise UnresolvedCall(f"resource not literal in {path}")
@@ -69,7 +75,7 @@ def access_for(method: str, path: str) -> Access:
         verb = "deletecollection"
     else:
         verb = _VERB_BY_METHOD[method]
-    return Access(group, resource, verb)
+    return Access(group, resource, verb, own)
 
 
 def _functions(tree: ast.Module) -> dict[str, ast.FunctionDef]:
@@ -87,6 +93,8 @@ def _path_template(expr: ast.expr, functions: dict[str, ast.FunctionDef]) -> str
         if (isinstance(value, ast.Attribute) and isinstance(value.value, ast.Name)
                 and value.value.id == "names"):
             return str(getattr(names, value.attr))
+        if any(isinstance(n, ast.Name) and n.id == "own_namespace" for n in ast.walk(value)):
+            return OWN
         return PLACEHOLDER
     if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Add):
         return _path_template(expr.left, functions) + _path_template(expr.right, functions)
@@ -165,7 +173,16 @@ def kopf_is_clusterwide() -> bool:
     return value.value
 
 
-def kopf_needs(*, peering: bool) -> set[Access]:
+def kopf_is_standalone() -> bool:
+    value = _kopf_operator_kwargs().get("standalone")
+    if not isinstance(value, ast.Constant) or not isinstance(value.value, bool):
+        raise UnresolvedCall("kopf.operator(standalone=...) is not a literal")
+    return value.value
+
+
+def kopf_needs(*, peering: bool | None = None) -> set[Access]:
+    """Kopf's needs; ``peering`` defaults to what ``process.py`` starts it with (not standalone)."""
+    peering = not kopf_is_standalone() if peering is None else peering
     registry = kopf.OperatorRegistry()
     handlers.register(registry, OperatorConfig())
     needs: set[Access] = set()
@@ -191,8 +208,8 @@ def kopf_needs(*, peering: bool) -> set[Access]:
     return needs
 
 
-def operator_needs(*, peering: bool) -> set[Access]:
-    return {access_for(m, p) for m, p in storage_calls()} | storage_reflected() | kopf_needs(peering=peering)
+def operator_needs() -> set[Access]:
+    return {access_for(m, p) for m, p in storage_calls()} | storage_reflected() | kopf_needs()
 
 
 # -- webhook -----------------------------------------------------------------------------------

@@ -23,6 +23,11 @@ SRC = code_access.SRC
     ("PUT", "/apis/deviceshare.io/v1alpha1/namespaces/{}/shareddevicegroups/{}",
      Access("deviceshare.io", "shareddevicegroups", "update")),
     ("GET", "/apis/kopf.dev/v1/clusterkopfpeerings/{}", Access("kopf.dev", "clusterkopfpeerings", "get")),
+    ("PUT", "/apis/coordination.k8s.io/v1/namespaces/{own}/leases/{}",
+     Access("coordination.k8s.io", "leases", "update", own_namespace=True)),
+    ("POST", "/apis/coordination.k8s.io/v1/namespaces/{own}/leases",
+     Access("coordination.k8s.io", "leases", "create", own_namespace=True)),
+    ("GET", "/apis/coordination.k8s.io/v1/namespaces/{}/leases/{}", Access("coordination.k8s.io", "leases", "get")),
     ("GET", "/api/v1/namespaces", Access("", "namespaces", "list")),
     ("GET", "/api/v1/namespaces/{}", Access("", "namespaces", "get")),
     ("DELETE", "/api/v1/namespaces/{}/pods", Access("", "pods", "deletecollection")),
@@ -75,6 +80,8 @@ def test_the_webhook_derivation_refuses_a_write(tmp_path: Path) -> None:
 def test_kopf_needs_follow_its_mode() -> None:
     with_peering = code_access.kopf_needs(peering=True)
     assert code_access.kopf_is_clusterwide()
+    assert code_access.kopf_is_standalone()  # one leader is elected on a Lease, not by Kopf's peering
+    assert code_access.kopf_needs() == code_access.kopf_needs(peering=False)
     assert Access("kopf.dev", "clusterkopfpeerings", "patch") in with_peering
     assert not any(a.resource == "namespaces" for a in with_peering)  # cluster-wide Kopf does not scan them
     assert {a.resource for a in with_peering - code_access.kopf_needs(peering=False)} == {"clusterkopfpeerings"}
@@ -87,4 +94,10 @@ def test_the_operator_watches_pods_groups_and_quotas_with_its_own_reflectors() -
         Access("", "resourcequotas", "list"), Access("", "resourcequotas", "watch"),
         Access("deviceshare.io", "shareddevicegroups", "list"), Access("deviceshare.io", "shareddevicegroups", "watch"),
     }
-    assert Access("", "pods", "watch") in code_access.operator_needs(peering=False)
+    assert Access("", "pods", "watch") in code_access.operator_needs()
+
+
+def test_the_leader_election_lease_is_needed_in_the_operators_namespace_only() -> None:
+    leases = {a for a in code_access.operator_needs() if a.resource == "leases"}
+    assert leases == {Access("coordination.k8s.io", "leases", v, own_namespace=True)
+                      for v in ("get", "create", "update")}

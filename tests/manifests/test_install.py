@@ -100,7 +100,7 @@ def test_operator_runs_the_operator_command_with_its_environment(
     container = _container(_deployment(base_objects, "operator"))
     assert container["image"] == IMAGE
     assert [*container["command"], *container.get("args", [])] == [
-        "deviceshare", "operator", "--peering", "deviceshare", "--env-config", "/config/env-names.yaml"]
+        "deviceshare", "operator", "--leader-elect", "--env-config", "/config/env-names.yaml"]
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
     volumes = {v["name"]: v for v in _deployment(base_objects, "operator")["spec"]["template"]["spec"]["volumes"]}
     assert mounts["env-names"] == "/config"
@@ -109,7 +109,6 @@ def test_operator_runs_the_operator_command_with_its_environment(
     env = _env(container)
     assert env[names.ENV_NAMESPACE] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
     assert env[names.ENV_SCHEDULER_NAME] == names.DEFAULT_SCHEDULER_NAME
-    assert env["POD_ID"] == {"fieldRef": {"fieldPath": "metadata.name"}}  # Kopf's peer identity
     assert {p["containerPort"] for p in container["ports"]} == {8080}
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
 
@@ -231,13 +230,17 @@ def test_system_namespaces_are_never_sent_to_the_webhook(
     assert kube_objects.selector_matches(selector, {"kubernetes.io/metadata.name": namespace}) is called
 
 
-def test_the_operator_peering_object_exists_for_kopf(base_objects: list[kube_objects.KubeObject]) -> None:
-    # A cluster-wide Kopf operator peers through the cluster-scoped ClusterKopfPeering.
-    crd = kube_objects.one(base_objects, "CustomResourceDefinition", "clusterkopfpeerings.kopf.dev")
-    assert crd["spec"]["scope"] == "Cluster"
-    peering = kube_objects.one(base_objects, "ClusterKopfPeering", "deviceshare")
-    assert "namespace" not in peering["metadata"]
-    assert not kube_objects.select(base_objects, "KopfPeering")
+def test_leader_election_needs_no_kopf_peering_and_only_a_namespaced_role(
+    base_objects: list[kube_objects.KubeObject],
+) -> None:
+    # The replicas elect a leader on a Lease (created by the first one); Kopf runs standalone.
+    assert not any("kopf" in str(o["apiVersion"]) or "kopf" in o["metadata"]["name"] for o in base_objects)
+    role = kube_objects.one(base_objects, "Role", "deviceshare-operator-leader-election")
+    assert role["metadata"]["namespace"] == NS
+    assert role["rules"] == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                              "verbs": ["get", "create", "update"]}]
+    assert all("leases" not in r["resources"] for c in kube_objects.select(base_objects, "ClusterRole")
+               for r in c["rules"])
 
 
 def test_the_shareddevicegroup_crd_is_installed(base_objects: list[kube_objects.KubeObject]) -> None:

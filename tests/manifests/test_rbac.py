@@ -26,12 +26,14 @@ def _args(objects: list[kube_objects.KubeObject], component: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def expected(base_objects: list[kube_objects.KubeObject]) -> dict[str, set[rbac_rules.Rule]]:
-    # Everything runs cluster-wide (the operator is a cluster-wide Kopf operator and scheduler),
-    # so every need is a cluster-wide rule.
-    peering = "--peering" in _args(base_objects, "operator")
+    # Everything runs cluster-wide (the operator is a cluster-wide Kopf operator and scheduler), so every
+    # need is a cluster-wide rule, except the leader-election Lease: only in the operator's namespace,
+    # and only when the Deployment runs with --leader-elect.
+    electing = "--leader-elect" in _args(base_objects, "operator")
     return {
-        OPERATOR: {rbac_rules.Rule(ALL, *a) for a in code_access.operator_needs(peering=peering)},
-        WEBHOOK: {rbac_rules.Rule(ALL, *a) for a in code_access.webhook_needs()},
+        OPERATOR: {rbac_rules.Rule(NS if a.own_namespace else ALL, *a[:3])
+                   for a in code_access.operator_needs() if electing or not a.own_namespace},
+        WEBHOOK: {rbac_rules.Rule(ALL, *a[:3]) for a in code_access.webhook_needs()},
     }
 
 

@@ -1,37 +1,14 @@
-"""Pure pieces of the operator: the scheduling queue, the peering rule, status builders, rebuild claims."""
+"""Pure pieces of the operator: the scheduling queue, status builders, rebuild claims."""
 
 from __future__ import annotations
 
 import asyncio
 import datetime
 
-import pytest
-
 from deviceshare.api import envnames, names
-from deviceshare.operator import leadership, queueing, rebuild, state, statuses
+from deviceshare.operator import queueing, rebuild, state, statuses
 
 NOW = datetime.datetime(2026, 11, 22, 12, 0, tzinfo=datetime.UTC)
-
-
-def peer(priority: int, seconds_ago: float, lifetime: int = 60) -> dict[str, object]:
-    seen = NOW - datetime.timedelta(seconds=seconds_ago)
-    return {"priority": priority, "lifetime": lifetime, "lastseen": seen.isoformat()}
-
-
-@pytest.mark.parametrize(
-    ("peers", "leader"),
-    [
-        ({"me": peer(5, 1)}, True),
-        ({"me": peer(5, 1), "other": peer(3, 1)}, True),
-        ({"me": peer(5, 1), "other": peer(7, 1)}, False),
-        ({"me": peer(5, 1), "other": peer(5, 1)}, False),  # a tie: every replica stands down
-        ({"me": peer(5, 1), "other": peer(7, 120)}, True),  # the higher one is dead
-        ({"other": peer(1, 1)}, False),  # our own record is not there (yet)
-        ({"me": peer(5, 120)}, False),  # our own record expired: we may be partitioned
-    ],
-)
-def test_leadership_follows_kopf_peering_rules(peers: dict[str, object], leader: bool) -> None:
-    assert leadership.is_leader(peers, "me", 5, now=NOW) is leader
 
 
 async def test_queue_hands_out_each_pod_once_and_reruns_one_changed_in_flight() -> None:

@@ -1,15 +1,17 @@
-"""Two replicas under Kopf peering: the active one dies mid-placement, the standby takes over safely.
+"""Two replicas electing a leader on a Lease: the leader dies, is cut off, or loses its Lease; no double allocation.
 
 The failure to avoid is Koordinator issue 1289: a new leader scheduling from a stale cache and handing
-out devices the old leader had just given away. Here the standby rebuilds from the API after it is
-elected and must continue without a double allocation. Equal priorities must fail safe: nobody schedules.
-Kopf forgets a dead peer once its lifetime (60 s) expires; the tests do what Kopf's cleanup does then,
-deleting the dead replica's record from the peering object's status.
+out devices the old leader had just given away. Here the standby rebuilds from the API after it acquires
+the Lease (which it can only do once the old leader's has expired) and must continue without a double
+allocation. A leader that cannot renew stops placing within its renew deadline, before its Lease can
+expire. The timings are client-go's scaled down (lease 4 s, renew deadline 3 s, retry 0.5 s).
 """
 
 from __future__ import annotations
 
 import asyncio
+import datetime
+import time
 from typing import Any
 
 import pytest
@@ -20,25 +22,8 @@ from tests.reliability import invariants, workload
 from tests.reliability.conftest import Replica, Watchdog, kill, launch
 
 NS = "ha"
-PEERING = "deviceshare"
-PEERING_CRD = {
-    "apiVersion": "apiextensions.k8s.io/v1",
-    "kind": "CustomResourceDefinition",
-    "metadata": {"name": "clusterkopfpeerings.kopf.dev"},
-    "spec": {
-        "group": "kopf.dev",
-        "scope": "Cluster",
-        "names": {"kind": "ClusterKopfPeering", "plural": "clusterkopfpeerings", "singular": "clusterkopfpeering"},
-        "versions": [{
-            "name": "v1", "served": True, "storage": True,
-            "subresources": {"status": {}},
-            "schema": {"openAPIV3Schema": {
-                "type": "object",
-                "properties": {"status": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
-            }},
-        }],
-    },
-}
+LEASE = "deviceshare-operator"
+LEASE_DURATION, RENEW_DEADLINE, RETRY_PERIOD = 4.0, 3.0, 0.5
 
 
 @pytest.fixture
@@ -46,30 +31,40 @@ def sandbox_options() -> dict[str, object]:
     return {"nodes": 1, "gpus": 4}
 
 
-def peering_status(cluster: Any) -> dict[str, Any]:
-    return dict((cluster.get("clusterkopfpeerings", PEERING) or {}).get("status") or {})
+def lease(cluster: Any) -> dict[str, Any]:
+    return dict((cluster.get("leases", LEASE, names.DEFAULT_NAMESPACE) or {}).get("spec") or {})
 
 
-async def replica(cluster: Any, identity: str, priority: int) -> Replica:
-    return await launch(
-        operator_config(cluster, peering_name=PEERING, priority=priority, identity=identity)
-    )
+def holder(cluster: Any) -> str | None:
+    return lease(cluster).get("holderIdentity") or None
 
 
-def setup_peering(cluster: Any) -> None:
-    cluster.create(PEERING_CRD)
-    cluster.create({"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering", "metadata": {"name": PEERING}})
+async def replica(cluster: Any, identity: str) -> Replica:
+    return await launch(operator_config(
+        cluster, lease_name=LEASE, identity=identity,
+        lease_duration=LEASE_DURATION, renew_deadline=RENEW_DEADLINE, retry_period=RETRY_PERIOD,
+    ))
+
+
+def setup(cluster: Any) -> None:
     workload.ensure_namespace(cluster, NS)
+    workload.ensure_namespace(cluster, names.DEFAULT_NAMESPACE)
+
+
+async def leader_and_standby(cluster: Any) -> tuple[Replica, Replica]:
+    first = await replica(cluster, "replica-a")
+    await workload.until(lambda: holder(cluster) == "replica-a", "the first replica leads", 10)
+    second = await replica(cluster, "replica-b")
+    await workload.until(lambda: first.runtime is not None and first.runtime.scheduling, "the leader schedules")
+    return first, second
 
 
 async def test_the_standby_takes_over_mid_placement_without_double_allocation(
     cluster: Any, watchdog: Watchdog
 ) -> None:
-    setup_peering(cluster)
-    active = await replica(cluster, "replica-a", 10)
-    standby = await replica(cluster, "replica-b", 5)
+    setup(cluster)
+    active, standby = await leader_and_standby(cluster)
     try:
-        await workload.until(lambda: {"replica-a", "replica-b"} <= set(peering_status(cluster)), "both peers seen")
         cluster.create(workload.group_body(NS, "first", {workload.GPU: 2}))
         cluster.create(workload.pod_body(NS, "first-0", "first"))
         first = await workload.until(lambda: workload.bound_pods(cluster, NS), "the active replica schedules")
@@ -79,18 +74,25 @@ async def test_the_standby_takes_over_mid_placement_without_double_allocation(
         cluster.create(workload.group_body(NS, "second", {workload.GPU: 2}, share={workload.GPU: {"compute": "600m"}}))
         cluster.create(workload.pod_body(NS, "second-0", "second"))
         await workload.until(lambda: fault.fired, "the binding of second-0 in flight", 10, 0.005)
+        # A killed process writes nothing more; in-process, Kopf still runs its clean-up on cancellation,
+        # which would release the Lease, so the API refuses that write.
+        dead = cluster.inject_fault("PUT", rf"/leases/{LEASE}$", status=503, times=None)
         await kill(active)
-        cluster.patch("clusterkopfpeerings", PEERING, {"status": {"replica-a": None}}, subresource="status")
+        dead.times = 0
+        killed = time.monotonic()
+        assert holder(cluster) == "replica-a"  # the standby must wait the Lease out
 
-        # The standby rebuilds from the API (the share of "second" from its spec) and finishes: a partner
-        # sharing the rest of second's GPUs fits; then the node (4 GPUs) is full.
+        # The standby acquires the expired Lease, rebuilds from the API (the share of "second" from its
+        # spec) and finishes: a partner sharing the rest of second's GPUs fits; then the node (4 GPUs) is full.
         cluster.create(workload.pod_body(NS, "second-1", "second"))
         cluster.create(workload.pod_body(NS, "first-1", "first"))
         cluster.create(workload.group_body(NS, "partner", {workload.GPU: 2}, share={workload.GPU: {"compute": "400m"}}))
         cluster.create(workload.pod_body(NS, "partner-0", "partner"))
         cluster.create(workload.group_body(NS, "third", {workload.GPU: 1}))
         cluster.create(workload.pod_body(NS, "third-0", "third"))
-        await workload.until(lambda: len(workload.bound_pods(cluster, NS)) == 5, "the standby bound the rest", 20)
+        await workload.until(lambda: len(workload.bound_pods(cluster, NS)) == 5, "the standby bound the rest", 30)
+        assert holder(cluster) == "replica-b" and lease(cluster)["leaseTransitions"] == 1
+        assert time.monotonic() - killed >= LEASE_DURATION - RETRY_PERIOD, "took over an unexpired Lease"
         await asyncio.sleep(0.5)
         third = cluster.get("pods", "third-0", NS)
         assert not third["spec"].get("nodeName"), "a fifth device was handed out on a 4-device node"
@@ -104,21 +106,81 @@ async def test_the_standby_takes_over_mid_placement_without_double_allocation(
         await kill(standby)
 
 
-async def test_equal_priorities_fail_safe_and_nobody_schedules(cluster: Any, watchdog: Watchdog) -> None:
-    setup_peering(cluster)
-    replicas = [await replica(cluster, f"replica-{i}", 7) for i in range(2)]
+async def test_two_replicas_started_at_the_same_moment_exactly_one_leads(
+    cluster: Any, watchdog: Watchdog
+) -> None:
+    setup(cluster)
+    replicas = list(await asyncio.gather(replica(cluster, "replica-0"), replica(cluster, "replica-1")))
     try:
-        await workload.until(lambda: len(peering_status(cluster)) == 2, "both peers seen")
+        await workload.until(lambda: holder(cluster), "one replica holds the Lease", 10)
         cluster.create(workload.group_body(NS, "g", {workload.GPU: 2}))
         cluster.create(workload.pod_body(NS, "g-0", "g"))
-        await asyncio.sleep(2.0)  # several leadership polls (1 s each) and the settle time
-        assert workload.bound_pods(cluster, NS) == []
-        assert not (cluster.get(names.PLURAL, "g", NS).get("status") or {}).get("allocatedDevices")
-        # One of them dies: the other is now alone and takes over.
-        await kill(replicas[0])
-        cluster.patch("clusterkopfpeerings", PEERING, {"status": {"replica-0": None}}, subresource="status")
-        await workload.until(lambda: workload.bound_pods(cluster, NS), "the survivor schedules", 15)
+        await workload.until(lambda: workload.bound_pods(cluster, NS), "the leader schedules", 15)
+        await asyncio.sleep(3 * RETRY_PERIOD)  # several election rounds: nobody flips
+        scheduling = [r.config.identity for r in replicas if r.runtime is not None and r.runtime.scheduling]
+        assert scheduling == [holder(cluster)]
+        # The leader stops gracefully: it releases the Lease and the other takes over at once.
+        leader = next(r for r in replicas if r.config.identity == holder(cluster))
+        other = next(r for r in replicas if r is not leader)
+        started = time.monotonic()
+        await leader.stop()
+        cluster.create(workload.pod_body(NS, "g-1", "g"))
+        await workload.until(lambda: len(workload.bound_pods(cluster, NS)) == 2, "the other schedules", 15)
+        assert holder(cluster) == other.config.identity
+        assert time.monotonic() - started < LEASE_DURATION, "the successor waited for expiry: no release"
     finally:
         for r in replicas:
             if r.alive:
                 await kill(r)
+
+
+async def test_a_partitioned_leader_stops_placing_within_its_renew_deadline(
+    cluster: Any, watchdog: Watchdog
+) -> None:
+    setup(cluster)
+    active, standby = await leader_and_standby(cluster)
+    try:
+        cluster.create(workload.group_body(NS, "g", {workload.GPU: 2}))
+        cluster.create(workload.pod_body(NS, "g-0", "g"))
+        await workload.until(lambda: workload.bound_pods(cluster, NS), "the leader schedules")
+        # The API refuses every write to the Lease, as if the leader were cut off from it.
+        cluster.inject_fault("PUT", rf"/leases/{LEASE}$", status=503, times=None)
+        cut = time.monotonic()
+        await workload.until(lambda: not active.runtime.scheduling, "the leader stops", RENEW_DEADLINE + 3)
+        assert time.monotonic() - cut <= RENEW_DEADLINE + 0.5  # its last renewal landed before the cut
+        # Nobody may place now: the leader has stopped and the standby cannot take the Lease.
+        cluster.create(workload.pod_body(NS, "g-1", "g"))
+        await asyncio.sleep(LEASE_DURATION + 1)
+        assert len(workload.bound_pods(cluster, NS)) == 1
+        assert not standby.runtime.scheduling
+        # The partition heals: one replica leads again, rebuilds, and places the waiting pod.
+        cluster.clear_faults()
+        await workload.until(lambda: len(workload.bound_pods(cluster, NS)) == 2, "a leader places again", 20)
+        invariants.assert_no_double_allocation(invariants.from_sandbox(cluster))
+    finally:
+        for r in (active, standby):
+            await kill(r)
+
+
+async def test_a_leader_whose_lease_is_taken_stops_placing_within_its_renew_deadline(
+    cluster: Any, watchdog: Watchdog
+) -> None:
+    setup(cluster)
+    active, standby = await leader_and_standby(cluster)
+    try:
+        now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        cluster.patch("leases", LEASE, {"spec": {"holderIdentity": "intruder", "renewTime": now}},
+                      names.DEFAULT_NAMESPACE)
+        taken = time.monotonic()
+        await workload.until(lambda: not active.runtime.scheduling, "the leader stops", RENEW_DEADLINE + 3)
+        assert time.monotonic() - taken <= RENEW_DEADLINE
+        cluster.create(workload.group_body(NS, "g", {workload.GPU: 2}))
+        cluster.create(workload.pod_body(NS, "g-0", "g"))
+        await asyncio.sleep(1.0)
+        assert workload.bound_pods(cluster, NS) == [], "a replica placed while another held the Lease"
+        # The intruder never renews: once its Lease expires a replica takes over and places the pod.
+        await workload.until(lambda: workload.bound_pods(cluster, NS), "a replica takes over", 20)
+        assert holder(cluster) in {"replica-a", "replica-b"}
+    finally:
+        for r in (active, standby):
+            await kill(r)

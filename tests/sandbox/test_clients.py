@@ -118,6 +118,36 @@ async def test_kubernetes_asyncio_with_the_written_kubeconfig(sandbox: Sandbox) 
         assert conflict.value.status == 409
 
 
+
+async def test_leases_for_leader_election_are_served_with_optimistic_concurrency(sandbox: Sandbox) -> None:
+    """What client-go's (and our operator's) Lease lock relies on: discovery, create-once, 409 when stale."""
+    configuration = client.Configuration()
+    await config.load_kube_config(config_file=str(sandbox.kubeconfig), client_configuration=configuration)
+    async with client.ApiClient(configuration) as api:
+        resources = await client.CoordinationV1Api(api).get_api_resources()
+        lease_type = next(r for r in resources.resources if r.name == "leases")
+        assert lease_type.namespaced and lease_type.kind == "Lease"
+        assert {"get", "create", "update"} <= set(lease_type.verbs)
+        leases = client.CoordinationV1Api(api)
+        body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": "lock"},
+                "spec": {"holderIdentity": "a", "leaseDurationSeconds": 15, "leaseTransitions": 0}}
+        created = await leases.create_namespaced_lease("default", body)
+        with pytest.raises(client.ApiException) as twice:
+            await leases.create_namespaced_lease("default", body)
+        assert twice.value.status == 409
+        renewed = await leases.replace_namespaced_lease("lock", "default", dict(
+            body, metadata={"name": "lock", "resourceVersion": created.metadata.resource_version},
+            spec=dict(body["spec"], renewTime="2026-11-23T12:00:00.000000Z"),
+        ))
+        assert renewed.spec.renew_time is not None and renewed.spec.holder_identity == "a"
+        with pytest.raises(client.ApiException) as stale:
+            await leases.replace_namespaced_lease("lock", "default", dict(
+                body, metadata={"name": "lock", "resourceVersion": created.metadata.resource_version},
+                spec=dict(body["spec"], holderIdentity="b"),
+            ))
+        assert stale.value.status == 409
+        assert sandbox.get("leases", "lock", "default")["spec"]["holderIdentity"] == "a"
+
 def kubectl(kubeconfig: Path, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     assert KUBECTL is not None
     return subprocess.run(

@@ -52,6 +52,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from deviceshare import sandbox
+
+    sandbox.require()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("kopf").setLevel(logging.ERROR)  # e.g. "OS signals are ignored" in a thread
     try:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import secrets
 from typing import Any
 
 from deviceshare.api import names
@@ -30,14 +29,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--metrics-host", default="0.0.0.0", help="address the metrics and probe server listens on")
     parser.add_argument(
-        "--peering", metavar="NAME", default=None,
-        help=f"Kopf peering object for several replicas (only one schedules); in-cluster default: deviceshare. "
-        f"Without it the operator runs standalone. The object lives in ${names.ENV_NAMESPACE}.",
+        "--leader-elect", action="store_true",
+        help=f"elect one active replica on a coordination.k8s.io/v1 Lease in ${names.ENV_NAMESPACE} (run this "
+        "with several replicas); without it the operator schedules at once, as the only replica",
     )
     parser.add_argument(
-        "--priority", type=int, default=None,
-        help="peering priority of this replica (default with --peering: random, so that two replicas never "
-        "tie; equal priorities make every replica stand down)",
+        "--leader-elect-lease-name", metavar="NAME", default="deviceshare-operator",
+        help="name of the Lease (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--leader-elect-lease-duration", type=float, default=15.0, metavar="SECONDS",
+        help="how long a standby waits, after it last saw the Lease change, before taking it over "
+        "(default: %(default)g)",
+    )
+    parser.add_argument(
+        "--leader-elect-renew-deadline", type=float, default=10.0, metavar="SECONDS",
+        help="a leader that has not renewed its Lease for this long stops scheduling; must be shorter than "
+        "the lease duration (default: %(default)g)",
+    )
+    parser.add_argument(
+        "--leader-elect-retry-period", type=float, default=2.0, metavar="SECONDS",
+        help="time between tries to acquire or renew the Lease (default: %(default)g)",
     )
     parser.add_argument("--workers", type=int, default=32, help="pods in their API-write phase at once")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -53,10 +65,10 @@ def config_from_args(args: argparse.Namespace) -> OperatorConfig:
         context=args.context,
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_host,
-        peering_name=args.peering,
-        priority=args.priority if args.priority is not None else (
-            secrets.randbelow(1_000_000) + 1 if args.peering else 0
-        ),
+        lease_name=args.leader_elect_lease_name if args.leader_elect else None,
+        lease_duration=args.leader_elect_lease_duration,
+        renew_deadline=args.leader_elect_renew_deadline,
+        retry_period=args.leader_elect_retry_period,
         workers=args.workers,
     )
 

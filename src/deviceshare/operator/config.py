@@ -7,6 +7,7 @@ import os
 from collections.abc import Mapping
 
 from deviceshare.api import envnames, names
+from deviceshare.errors import ConfigError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,12 +36,13 @@ class OperatorConfig:
     # Every so often, pods and groups we hold that a fresh list lacks are read one by one and forgotten
     # if the API no longer has them (the same lost deletions, for objects nothing is waiting on).
     audit_interval: float = 300.0
-    # Kopf peering: None runs standalone (single replica).
-    peering_name: str | None = None
-    priority: int = 0
-    # How long a replica's peering record counts as alive without a refresh (Kopf's keep-alive).
-    peering_lifetime: int = 60
-    identity: str | None = None  # this replica's peering identity (generated when None)
+    # Leader election on a coordination.k8s.io/v1 Lease in ``namespace`` (client-go's rules and defaults):
+    # None runs a single replica that schedules at once, with no election.
+    lease_name: str | None = None
+    lease_duration: float = 15.0  # how long a Lease counts as held without a renewal
+    renew_deadline: float = 10.0  # a leader that has not renewed for this long stops scheduling
+    retry_period: float = 2.0  # between tries to acquire or renew
+    identity: str | None = None  # this replica's holderIdentity (generated when None)
     # A newly elected replica waits this long before rebuilding, so writes the previous leader had
     # already sent have landed and show in the API.
     election_settle: float = 2.0
@@ -60,4 +62,15 @@ class OperatorConfig:
             scheduler_name=env.get(names.ENV_SCHEDULER_NAME) or names.DEFAULT_SCHEDULER_NAME,
             namespace=env.get(names.ENV_NAMESPACE) or names.DEFAULT_NAMESPACE,
         )
-        return dataclasses.replace(base, **overrides)  # type: ignore[arg-type]
+        config = dataclasses.replace(base, **overrides)  # type: ignore[arg-type]
+        config.check()
+        return config
+
+    def check(self) -> None:
+        """Raise ``ConfigError`` for election timings that could let two leaders overlap."""
+        if not 0 < self.retry_period < self.renew_deadline < self.lease_duration:
+            raise ConfigError(
+                "leader election needs 0 < --leader-elect-retry-period < --leader-elect-renew-deadline < "
+                f"--leader-elect-lease-duration (got {self.retry_period:g} s, {self.renew_deadline:g} s, "
+                f"{self.lease_duration:g} s): a leader must stop before its lease can expire"
+            )

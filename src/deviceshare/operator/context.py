@@ -17,7 +17,7 @@ from . import state as state_
 from . import storage
 from .config import OperatorConfig
 
-logger = logging.getLogger("deviceshare.operator")
+logger = logging.getLogger(__name__)
 
 # Events are advisory: a few posters drain them in order, so a burst of placements does not spend its
 # CPU and API round trips on them first (kube-scheduler's recorder is asynchronous and bounded too).

@@ -1,8 +1,8 @@
-"""Kopf handlers: the lifecycle (login, start-up, clean-up), peering and node events, handed to the :class:`Runtime`.
+"""Kopf handlers: the lifecycle (login, start-up, clean-up) and node events, handed to the :class:`Runtime`.
 
 Thin on purpose, and ``async`` on purpose: Kopf runs sync handlers in a thread pool, and our state
 is owned by the event loop. Handlers are registered on a registry passed in, so tests can run several isolated
-operators (e.g. two replicas under peering) in one process. Only ``on.event`` handlers are used:
+operators (e.g. two replicas electing a leader) in one process. Only ``on.event`` handlers are used:
 Kopf then keeps no progress annotations on our objects, and our own finalizer (not Kopf's) guards group
 deletion. Groups and pods, nearly all the events, come through the runtime's own reflectors instead
 (see ``storage.ClusterApi.pod_reflector``): Kopf's per-event machinery cost more than the decisions.
@@ -24,7 +24,7 @@ from .config import OperatorConfig
 from .metrics import Metrics
 from .runtime import Runtime
 
-logger = logging.getLogger("deviceshare.operator")
+logger = logging.getLogger(__name__)
 
 
 def connection_info(cfg: k8s.Configuration) -> kopf.ConnectionInfo:
@@ -75,12 +75,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
         settings.queueing.idle_timeout = config.worker_idle_timeout
         settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=names.GROUP)
         settings.persistence.diffbase_storage = NoDiffBase()
-        settings.peering.name = config.peering_name or "deviceshare"
-        settings.peering.priority = config.priority
-        settings.peering.lifetime = config.peering_lifetime
-        settings.peering.stealth = True
-        # Peered replicas must not silently fall back to standalone when the peering object is missing.
-        settings.peering.mandatory = config.peering_name is not None
+        settings.peering.standalone = True  # one leader is elected on a Lease instead (leadership.py)
         # Retried here with capped backoff until the API answers (Kopf would wait 60 s between tries).
         metrics: Metrics | None = getattr(memo, "metrics", None)
         memo.runtime = await startup_.start_runtime(config, metrics if metrics is not None else Metrics())

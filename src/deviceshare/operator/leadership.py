@@ -1,10 +1,21 @@
-"""Which replica may schedule: Kopf peering, read the way Kopf reads it, as a gate for our own workers.
+"""Which replica may schedule: leader election on a ``coordination.k8s.io/v1`` Lease, as client-go does it.
 
-Kopf pauses its watch streams when a peer of higher or equal priority is alive, but our scheduling
-workers run on their own queue and must stop too — two active schedulers could hand one device to two
-groups. So the runtime asks this gate before every decision. With equal priorities every replica
-stands down (Kopf's rule too): failing safe beats double allocation. When a replica becomes active it
-rebuilds the ledger from the API before it decides anything, since it saw no events while standing by.
+Two active schedulers could hand one device to two groups, so exactly one replica may decide. The
+rules are those of client-go's ``leaderelection`` (kube-scheduler, controller-runtime):
+
+- A replica acquires the Lease only when it is free (no holder) or expired, and "expired" is judged by
+  our own clock since we last saw the record change, never by comparing our clock with the holder's
+  ``renewTime``: clocks of two machines need not agree.
+- Every write carries the ``resourceVersion`` we read: of two replicas racing for a free Lease, the
+  API accepts one and answers 409 to the other, which stays a candidate.
+- The leader renews every retry period. One that has not renewed for ``renew_deadline`` (shorter than
+  the lease duration) stops scheduling before any other replica can consider the Lease expired; one that
+  sees another holder stops at once.
+- A graceful stop releases the Lease (empty holder), so a successor takes over at once instead of
+  waiting out the lease duration.
+
+When elected, the runtime rebuilds its ledger from the API before it decides anything (it saw no
+events while standing by); see ``Runtime._elected``.
 """
 
 from __future__ import annotations
@@ -12,86 +23,206 @@ from __future__ import annotations
 import asyncio
 import datetime
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
-logger = logging.getLogger("deviceshare.operator.leadership")
+from .storage import Conflict, Gone
 
-DEFAULT_LIFETIME = 60
-
-
-def is_leader(
-    peering_status: Mapping[str, Any], identity: str, priority: int, *, now: datetime.datetime | None = None
-) -> bool:
-    """Kopf's rule: we are active when our own record is alive and no other live peer has a priority >= ours."""
-    now = now or datetime.datetime.now(datetime.UTC)
-    own_alive = False
-    for peer_id, info in peering_status.items():
-        if not isinstance(info, Mapping):
-            continue
-        alive = _alive(info, now)
-        if peer_id == identity:
-            own_alive = alive
-        elif alive and int(info.get("priority", 0)) >= priority:
-            return False
-    return own_alive
+logger = logging.getLogger(__name__)
 
 
-def _alive(info: Mapping[str, Any], now: datetime.datetime) -> bool:
-    lastseen = info.get("lastseen")
-    if not lastseen:
-        return True
-    try:
-        seen = datetime.datetime.fromisoformat(str(lastseen).replace("Z", "+00:00"))
-    except ValueError:
-        return True  # unreadable: assume alive, i.e. stand down
-    if seen.tzinfo is None:
-        seen = seen.replace(tzinfo=datetime.UTC)
-    lifetime = datetime.timedelta(seconds=int(info.get("lifetime", DEFAULT_LIFETIME)))
-    return seen + lifetime > now
+class LeaseApi(Protocol):
+    """The Lease calls the elector makes (``storage.ClusterApi`` implements them)."""
+
+    async def get_lease(self, own_namespace: str, name: str) -> dict[str, Any]: ...
+    async def create_lease(self, own_namespace: str, body: Mapping[str, Any]) -> dict[str, Any]: ...
+    async def replace_lease(self, own_namespace: str, name: str, body: Mapping[str, Any]) -> dict[str, Any]: ...
 
 
-class Leadership:
-    """Polls the peering object and flips an asyncio.Event the workers wait on."""
+def _micro_time(now: datetime.datetime) -> str:
+    """metav1.MicroTime, the format of a Lease's acquireTime/renewTime."""
+    return now.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _wall_now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
+class LeaseElector:
+    """One replica's view of the Lease: try to acquire or renew it, and release it.
+
+    ``clock`` is monotonic seconds (expiry is measured on it); ``wall`` only stamps the record for
+    humans and other tools reading it.
+    """
 
     def __init__(
         self,
+        api: LeaseApi,
         *,
+        namespace: str,
+        name: str,
         identity: str,
-        priority: int,
-        read_peering: Callable[[], Awaitable[Mapping[str, Any] | None]],
+        lease_duration: float,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], datetime.datetime] = _wall_now,
+    ) -> None:
+        self.api, self.namespace, self.name, self.identity = api, namespace, name, identity
+        self.lease_duration = lease_duration
+        self._clock, self._wall = clock, wall
+        self._observed: dict[str, Any] | None = None  # the spec we last saw (or wrote)
+        self._observed_at = 0.0  # our clock when it (or its resourceVersion) last changed
+        self._resource_version: str | None = None
+        self.holder: str | None = None  # who holds it, as far as we know
+
+    @property
+    def is_leader(self) -> bool:
+        return self.holder == self.identity
+
+    def _observe(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+        spec = dict(obj.get("spec") or {})
+        version = str((obj.get("metadata") or {}).get("resourceVersion") or "") or None
+        # Every write changes the resourceVersion, even one that leaves the record as it was (two
+        # renewals within a clock tick), so it restarts the count too.
+        if spec != self._observed or version != self._resource_version:
+            self._observed, self._observed_at = spec, self._clock()
+        self._resource_version = version
+        self.holder = str(spec.get("holderIdentity") or "") or None
+        return spec
+
+    def _expired(self, spec: Mapping[str, Any]) -> bool:
+        duration = float(spec.get("leaseDurationSeconds") or self.lease_duration)
+        return self._observed_at + duration <= self._clock()
+
+    async def try_acquire_or_renew(self) -> bool:
+        """One round of client-go's ``tryAcquireOrRenew``: True when we hold the Lease afterwards.
+
+        A 409 (someone wrote first) is a lost race: False. Other API errors propagate.
+        """
+        now = _micro_time(self._wall())
+        duration = max(1, round(self.lease_duration))
+        try:
+            obj = await self.api.get_lease(self.namespace, self.name)
+        except Gone:
+            body = {
+                "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                "metadata": {"name": self.name, "namespace": self.namespace},
+                "spec": {"holderIdentity": self.identity, "leaseDurationSeconds": duration,
+                         "acquireTime": now, "renewTime": now, "leaseTransitions": 0},
+            }
+            try:
+                self._observe(await self.api.create_lease(self.namespace, body))
+            except Conflict:  # another replica created it first
+                return False
+            return True
+        spec = self._observe(obj)
+        mine = self.holder == self.identity
+        if self.holder is not None and not mine and not self._expired(spec):
+            return False
+        new = dict(spec, holderIdentity=self.identity, leaseDurationSeconds=duration, renewTime=now)
+        if not mine:
+            new["acquireTime"] = now
+            new["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + 1  # client-go counts every taking
+        return await self._write(obj, new) and self.is_leader
+
+    async def release(self) -> bool:
+        """Give the Lease up if we hold it (empty holder), so a successor need not wait for expiry."""
+        if not self.is_leader or self._observed is None:
+            return False
+        now = _micro_time(self._wall())
+        new = dict(self._observed, holderIdentity="", leaseDurationSeconds=1, renewTime=now)
+        new.pop("acquireTime", None)
+        return await self._write({"metadata": {"resourceVersion": self._resource_version}}, new)
+
+    async def _write(self, obj: Mapping[str, Any], spec: Mapping[str, Any]) -> bool:
+        meta = {"name": self.name, "namespace": self.namespace,
+                "resourceVersion": (obj.get("metadata") or {}).get("resourceVersion")}
+        body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": meta, "spec": dict(spec)}
+        try:
+            self._observe(await self.api.replace_lease(self.namespace, self.name, body))
+        except (Conflict, Gone):  # changed (or deleted) since we read it: lost this round
+            self._observed = None  # re-read next time; a changed record restarts the expiry count
+            return False
+        return True
+
+
+class Leadership:
+    """Runs the election and flips ``active``; the runtime's elect/depose hooks start and stop scheduling."""
+
+    def __init__(
+        self,
+        elector: LeaseElector,
+        *,
+        renew_deadline: float,
+        retry_period: float,
         on_elected: Callable[[], Awaitable[None]],
         on_deposed: Callable[[], Awaitable[None]],
-        interval: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.identity = identity
-        self.priority = priority
-        self._read = read_peering
-        self._on_elected = on_elected
-        self._on_deposed = on_deposed
-        self._interval = interval
+        self.elector = elector
+        self.identity = elector.identity
+        self.renew_deadline, self.retry_period = renew_deadline, retry_period
+        self._on_elected, self._on_deposed = on_elected, on_deposed
+        self._clock = clock
         self.active = asyncio.Event()
-        self.connected = False  # the last read of the peering object succeeded (for /readyz)
+        self.connected = False  # the last call to the API succeeded (for /readyz)
+
+    async def _attempt(self, within: float) -> bool:
+        try:
+            ok = await asyncio.wait_for(self.elector.try_acquire_or_renew(), timeout=max(within, 0.001))
+        except Exception as e:  # cannot tell: not the leader this round
+            logger.warning("cannot acquire or renew the lease %s/%s: %s", self.elector.namespace,
+                           self.elector.name, e or type(e).__name__)
+            self.connected = False
+            return False
+        self.connected = True
+        return ok
 
     async def run(self) -> None:
         while True:
+            await self._acquire()
             try:
-                status = await self._read()
-                leader = status is not None and is_leader(status, self.identity, self.priority)
-                self.connected = True
-            except Exception as e:  # cannot tell: stand down until we can
-                logger.warning("cannot read the peering object: %s; standing by", e)
-                leader = self.connected = False
-            if leader and not self.active.is_set():
-                logger.info("%s is now the active replica: rebuilding the ledger before scheduling", self.identity)
-                try:
-                    await self._on_elected()
-                except Exception:
-                    logger.exception("could not take over; standing by and trying again")
-                else:
-                    self.active.set()
-            elif not leader and self.active.is_set():
-                logger.warning("%s is no longer the active replica: scheduling paused", self.identity)
-                self.active.clear()
-                await self._on_deposed()
-            await asyncio.sleep(self._interval)
+                await self._on_elected()
+            except Exception:
+                logger.exception("could not take over; releasing the lease and trying again")
+                await self._release_quietly()
+                await asyncio.sleep(self.retry_period)
+                continue
+            self.active.set()
+            await self._renew()
+            logger.warning("%s lost the lease: scheduling stopped", self.identity)
+            self.active.clear()
+            await self._on_deposed()
+
+    async def _acquire(self) -> None:
+        while True:
+            if await self._attempt(self.retry_period):
+                break
+            await asyncio.sleep(self.retry_period)
+        logger.info("%s acquired the lease %s/%s: rebuilding the ledger before scheduling",
+                    self.identity, self.elector.namespace, self.elector.name)
+
+    async def _renew(self) -> None:
+        """Return when leadership is lost: another holder seen, or no renewal for ``renew_deadline``."""
+        renewed = self._clock()
+        while True:
+            await asyncio.sleep(self.retry_period)
+            started = self._clock()
+            if await self._attempt(renewed + self.renew_deadline - started):
+                renewed = started  # measured before the request: the lease runs at least from here
+            elif self.elector.holder not in (None, self.identity):
+                return  # someone else holds it now
+            if self._clock() - renewed >= self.renew_deadline:
+                return
+
+    async def release(self) -> None:
+        """On a graceful stop, after scheduling has stopped: hand the Lease over at once."""
+        self.active.clear()
+        await self._release_quietly()
+
+    async def _release_quietly(self) -> None:
+        try:
+            if await asyncio.wait_for(self.elector.release(), timeout=self.retry_period * 2):
+                logger.info("%s released the lease", self.identity)
+        except Exception as e:  # the lease then expires on its own
+            logger.warning("could not release the lease: %s", e or type(e).__name__)

@@ -32,6 +32,7 @@ async def run_operator(
     Raises :class:`~deviceshare.errors.ConfigError` at once for a missing kubeconfig/context or a taken
     metrics port; an API server that does not answer yet is waited out (see ``startup.py``).
     """
+    config.check()
     if config.identity is None:
         config = dataclasses.replace(
             config, identity=f"{socket.gethostname()}/{os.getpid()}/{secrets.token_hex(3)}"
@@ -52,10 +53,9 @@ async def run_operator(
         await kopf.operator(
             registry=registry,
             clusterwide=True,
-            standalone=config.peering_name is None,
-            peering_name=config.peering_name,
-            priority=config.priority,
-            identity=config.identity,  # type: ignore[arg-type]  # kopf's Identity is a NewType of str
+            # Kopf's peering only pauses lower-priority peers; it is not leader election. Our replicas
+            # elect one leader on a Lease themselves (leadership.py), so Kopf runs standalone.
+            standalone=True,
             stop_flag=stop_flag,
             ready_flag=ready_flag,
             memo=memo,

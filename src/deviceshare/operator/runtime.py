@@ -23,16 +23,16 @@ from deviceshare.core import inventory
 from deviceshare.core import ledger as ledgers
 from deviceshare.kube import watching
 
+from . import leadership as leadership_
 from . import rebuild as rebuild_
 from . import state as state_
 from . import storage
 from .context import Context
-from .leadership import Leadership
 from .queueing import SchedulingQueue
 from .reconciler import GroupReconciler
 from .scheduler import PodScheduler, Result
 
-logger = logging.getLogger("deviceshare.operator")
+logger = logging.getLogger(__name__)
 
 
 class Runtime:
@@ -51,7 +51,8 @@ class Runtime:
         self._tasks: list[asyncio.Task[None]] = []
         self._workers: list[asyncio.Task[None]] = []
         self.started = False
-        self.leadership: Leadership | None = None
+        self.leadership: leadership_.Leadership | None = None
+        self._election: asyncio.Task[None] | None = None
         # The pods and groups feeds, from the first election on.
         self.pod_reflector: watching.Reflector | None = None
         self.group_reflector: watching.Reflector | None = None
@@ -60,22 +61,21 @@ class Runtime:
     # -- lifecycle -----------------------------------------------------------------------------
 
     async def start(self, *, identity: str | None = None) -> None:
-        """Standalone: rebuild and schedule now. Peered: stand by until elected (see leadership.py)."""
-        loop = asyncio.get_running_loop()
+        """Single replica: rebuild and schedule now. Electing: stand by until we hold the Lease (leadership.py)."""
         config = self.ctx.config
-        if config.peering_name is None:
+        if config.lease_name is None:
             await self.rebuild()
             self._start_scheduling()
         else:
-            name = config.peering_name
-            self.leadership = Leadership(
-                identity=identity or "",
-                priority=config.priority,
-                read_peering=lambda: self.ctx.api.get_peering_status(name),
-                on_elected=self._elected,
-                on_deposed=self._deposed,
+            elector = leadership_.LeaseElector(
+                self.ctx.api, namespace=config.namespace, name=config.lease_name,
+                identity=identity or "", lease_duration=config.lease_duration,
             )
-            self._tasks.append(loop.create_task(self.leadership.run()))
+            self.leadership = leadership_.Leadership(
+                elector, renew_deadline=config.renew_deadline, retry_period=config.retry_period,
+                on_elected=self._elected, on_deposed=self._deposed,
+            )
+            self._election = asyncio.get_running_loop().create_task(self.leadership.run(), name="election")
         self.started = True
 
     async def _elected(self) -> None:
@@ -122,7 +122,11 @@ class Runtime:
 
     async def stop(self) -> None:
         self.started = False
+        if self._election is not None:  # first, so that it cannot elect us again while we stop
+            await _cancel([self._election])
         await self._stop_scheduling()
+        if self.leadership is not None:  # no more writes from us: a successor may start at once
+            await self.leadership.release()
         tasks, self._tasks = self._tasks, []
         await _cancel(tasks)
         await self.ctx.drain()

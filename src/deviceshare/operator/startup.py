@@ -27,7 +27,7 @@ from .context import Context
 from .metrics import Metrics
 from .runtime import Runtime
 
-logger = logging.getLogger("deviceshare.operator")
+logger = logging.getLogger(__name__)
 
 
 async def preflight(config: OperatorConfig) -> None:
@@ -65,7 +65,7 @@ def ready(runtime: Runtime | None) -> bool:
     if runtime is None or not runtime.started:
         return False
     if not runtime.scheduling:
-        # A standby replica is ready while it can read the peering object: it can take over at once.
+        # A standby replica is ready while it can reach its Lease: it can take over when that expires.
         return runtime.leadership is not None and runtime.leadership.connected
     feeds = (runtime.pod_reflector, runtime.group_reflector)
     return all(f is not None and f.synced.is_set() for f in feeds)

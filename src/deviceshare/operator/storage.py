@@ -162,17 +162,26 @@ class ClusterApi:
         )
         return list(data.get("items") or [])
 
-    async def get_peering_status(self, name: str) -> dict[str, Any] | None:
-        """The peers recorded in Kopf's ClusterKopfPeering object ``name``; None if it does not exist."""
-        try:
-            data = await self._call(
-                "GET", f"/apis/kopf.dev/v1/clusterkopfpeerings/{_segment(name)}",
-                f"get clusterkopfpeering {name}",
-            )
-        except Gone:
-            return None
-        status = data.get("status")
-        return dict(status) if isinstance(status, dict) else {}
+    # -- the leader-election Lease (in the operator's own namespace only; see leadership.py) --------
+
+    async def get_lease(self, own_namespace: str, name: str) -> dict[str, Any]:
+        data: dict[str, Any] = await self._call("GET", _lease_path(own_namespace, name), f"get lease {name}")
+        return data
+
+    async def create_lease(self, own_namespace: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        """409 (``Conflict``) when another replica created it first."""
+        data: dict[str, Any] = await self._call(
+            "POST", f"/apis/coordination.k8s.io/v1/namespaces/{_segment(own_namespace)}/leases",
+            "create lease", dict(body),
+        )
+        return data
+
+    async def replace_lease(self, own_namespace: str, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        """A PUT carrying the resourceVersion read: 409 (``Conflict``) when the Lease changed since."""
+        data: dict[str, Any] = await self._call(
+            "PUT", _lease_path(own_namespace, name), f"update lease {name}", dict(body)
+        )
+        return data
 
     # -- group writes --------------------------------------------------------------------------
 
@@ -309,6 +318,10 @@ def _segment(name: str) -> str:
     if name in ("", ".", ".."):
         raise Invalid(f"{name!r} cannot be the name of an object")
     return quote(name, safe="")
+
+
+def _lease_path(own_namespace: str, name: str) -> str:
+    return f"/apis/coordination.k8s.io/v1/namespaces/{_segment(own_namespace)}/leases/{_segment(name)}"
 
 
 def _group_path(key: GroupKey) -> str:

@@ -65,7 +65,10 @@ async def serve(args: argparse.Namespace, ready: asyncio.Event | None = None) ->
 
 
 def run(args: argparse.Namespace) -> int:
+    from deviceshare import sandbox
     from deviceshare.kube import loops
+
+    sandbox.require()
 
     with asyncio.Runner(loop_factory=loops.event_loop_factory()) as runner:
         runner.run(serve(args))
