@@ -77,9 +77,9 @@ async def test_the_standby_takes_over_mid_placement_without_double_allocation(
         # A killed process writes nothing more; in-process, Kopf still runs its clean-up on cancellation,
         # which would release the Lease, so the API refuses that write.
         dead = cluster.inject_fault("PUT", rf"/leases/{LEASE}$", status=503, times=None)
+        killed = time.monotonic()  # no renewal lands after this; the kill itself may take seconds to join
         await kill(active)
         dead.times = 0
-        killed = time.monotonic()
         assert holder(cluster) == "replica-a"  # the standby must wait the Lease out
 
         # The standby acquires the expired Lease, rebuilds from the API (the share of "second" from its
