@@ -35,7 +35,7 @@ async def test_fgd_groups_are_bound_and_a_share_closes_a_half_used_gpu(cluster: 
         # A 0.5 share on a fresh GPU would leave a hole no whole-GPU group can use: fgd fills the half-used one.
         assert await _group(kube, "half-b", compute="500m") == (half_node, half_gpus)
         # ... so a two-GPU group still finds a node with two whole GPUs.
-        node, gpus = await _group(kube, "w2", count=2)
+        _node, gpus = await _group(kube, "w2", count=2)
         assert len(gpus) == 2
         group = await kube.wait_group("mix", "w2", lambda g: g.get("status", {}).get("phase") == "Bound", "bound")
         assert group["status"]["allocatedDevices"] == {GPU: gpus}
