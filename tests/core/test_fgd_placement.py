@@ -7,7 +7,8 @@ not fit there at all (not enough GPUs, or not enough CPU left).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import dataclasses
+from collections.abc import Mapping, Sequence
 
 import hypothesis.strategies as st
 import pytest
@@ -137,21 +138,40 @@ def test_the_start_up_seed_counts_each_group_with_its_first_member_cpu() -> None
     assert hist.weights() == {frag.Shape(3000, 1000, 2, GPU): 1.0, frag.Shape(0, 250, 1, GPU): 2.0}
 
 
-@settings(max_examples=40, deadline=None)
+@dataclasses.dataclass
+class _Naive:
+    """fgd offered every feasible node (no index): the reference the indexed walk must agree with."""
+
+    policy: fgdplacement.FGDPlacement
+    cpu_milli: int
+
+    def choose(
+        self, snapshot: ledger.LedgerSnapshot, request: placement.GroupRequest, feasible: Sequence[ledger.NodeState]
+    ) -> placement.Placement | None:
+        return self.policy.choose(snapshot, request, feasible, self.cpu_milli)
+
+
+@settings(max_examples=60, deadline=None)
 @given(
-    st.lists(st.tuples(st.integers(1, 4), st.sampled_from([0, 250, 500, 700, 1000]), st.integers(0, 3)),
+    st.lists(st.tuples(st.integers(1, 4), st.sampled_from([100, 250, 500, 700, 1000]), st.integers(0, 3)),
              min_size=1, max_size=25),
 )
 def test_every_fgd_choice_is_feasible_and_never_overcommits(groups: list[tuple[int, int, int]]) -> None:
-    """Random arrivals through fgd: each placement reserves cleanly, compute on a device never passes 1."""
+    """Random arrivals through fgd: the indexed walk decides as the naive scan of every feasible node,
+    each placement reserves cleanly, and compute on a device never passes 1."""
     book = ledger.DeviceLedger()
     for i in range(4):
         book.upsert_node(builders.node(f"n{i}", gpus=4, cpu_milli=16000))
+    book.upsert_node(builders.node("m-small", gpus=2, cpu_milli=4000))  # sorts first: ties favour it
+    book.upsert_node(builders.node("c-cordoned", gpus=8, unschedulable=True))
     policy = _policy({WHOLE_1: 2, HALF: 1})
     for i, (count, milli, cores) in enumerate(groups):
         share = capacity.Share(milli) if milli < 1000 else None
         request = _request(f"g{i}", count=count, share=share)
         pod = inventory.PodDemand(cpu_milli=cores * 1000)
+        snap = book.snapshot()
+        naive = placement.place_by_policy(snap, request, pod, _Naive(policy, pod.cpu_milli))
+        assert placement.place_by_policy(snap, request, pod, policy.for_pod(pod)) == naive
         got = placement.schedule_group(book, request, pod, policy=policy.for_pod(pod))
         if isinstance(got, placement.Unschedulable):
             # fgd leaves a group Pending only when no node fits it at all

@@ -21,16 +21,18 @@ signature is cached against its (immutable, replaced on change) ledger state.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import heapq
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from deviceshare.api import models
-from deviceshare.core import capacity, inventory, shareplacement, workloadmix
+from deviceshare.core import capacity, fgdindex, inventory, shareplacement, workloadmix
 from deviceshare.core import fragmentation as frag
 from deviceshare.core import ledger as ledgers
 from deviceshare.core import placement as placements
 
 _Rating = tuple[int, tuple[int, ...]]  # (score, free values of the preferred devices)
+REFRESH = 64  # placements after which the measure follows the drifted mix
 
 
 def lead_resource(request: placements.GroupRequest) -> str | None:
@@ -87,21 +89,95 @@ class FGDPlacement:
         self.histogram = histogram if histogram is not None else workloadmix.ShapeHistogram()
         self._workload: tuple[frag.WeightedShape, ...] | None = None
         self._measure = frag.Fragmentation(())
+        self._observed = 0  # placements seen since the measure was built
         self._signatures: dict[tuple[str, str], tuple[ledgers.NodeState, frag.Signature]] = {}
+        self._classes: dict[str, fgdindex.SignatureClasses] = {}
+        self._ratings: dict[tuple[frag.Signature, frag.Shape], _Rating | None] = {}
 
     def observe(self, request: placements.GroupRequest, cpu_milli: int) -> None:
         """A group was placed (by any strategy): its shape joins the target workload."""
         shape = shape_of(request.resources, request.share, cpu_milli)
         if shape is not None:
             self.histogram.observe(shape)
+            self._observed += 1
 
     def measure(self) -> frag.Fragmentation:
-        """The measure for the current mix, rebuilt (memo and all) only when the rounded mix changed."""
-        workload = self.histogram.workload()
-        if workload != self._workload:
+        """The measure for the current mix.
+
+        Rebuilt (and every memoised rating dropped) when a shape enters or leaves the mix, or after
+        ``REFRESH`` placements: weights drift with every placement, and re-rating every node state
+        per decision for a drift of a fraction of a percent would cost more than it changes.
+        """
+        workload = None
+        if self._workload is None or self._observed >= REFRESH:
+            workload = self.histogram.workload()
+        elif self._observed:
+            current = self.histogram.workload()
+            if {w.shape for w in current} != {w.shape for w in self._workload}:
+                workload = current
+        if workload is not None and workload != self._workload:
             self._workload = workload
             self._measure = frag.Fragmentation(workload)
+            self._ratings.clear()
+        if workload is not None:
+            self._observed = 0
         return self._measure
+
+    def rating(self, sig: frag.Signature, shape: frag.Shape) -> _Rating | None:
+        """FGD's score of the best placement of ``shape`` on a node in state ``sig`` (memoised)."""
+        key = (sig, shape)
+        try:
+            return self._ratings[key]
+        except KeyError:
+            got = self._ratings[key] = _rate(self._measure, sig, shape)
+            return got
+
+    def place(
+        self,
+        snapshot: ledgers.LedgerSnapshot,
+        request: placements.GroupRequest,
+        pod: inventory.PodDemand,
+        fits: Callable[[ledgers.NodeState], bool],
+    ) -> placements.Placement | placements.Unschedulable:
+        """The indexed decision: the same choice as :meth:`choose` over every feasible node.
+
+        Classes of open nodes in the same state (:mod:`fgdindex`) are rated, once per state and
+        shape while the mix holds; then, best score first, the classes of one score are walked in
+        node-name order and the first node that passes every filter (selector, taints, memory...)
+        takes the group.
+        """
+        resource = lead_resource(request)
+        shape = shape_of(request.resources, request.share, pod.cpu_milli)
+        if resource is None or shape is None or shape.num_gpu == 0:  # nothing for FGD to weigh: binpack
+            return placements.place_on(snapshot, request, pod)
+        classes = self._classes.get(resource)
+        if classes is None:
+            classes = self._classes[resource] = fgdindex.SignatureClasses(
+                resource, lambda state: self.signature(state, resource)
+            )
+        classes.update(snapshot)
+        self.measure()
+        rated = []
+        for sig, members in classes.classes.items():
+            got = self.rating(sig, shape)
+            if got is not None:
+                rated.append((-got[0], members[0], sig))
+        rated.sort()
+        nodes = snapshot.nodes
+        i = 0
+        while i < len(rated):
+            j = i
+            while j < len(rated) and rated[j][0] == rated[i][0]:
+                j += 1
+            level = [classes.classes[sig] for _, _, sig in rated[i:j]]
+            for name in heapq.merge(*level) if len(level) > 1 else level[0]:
+                state = nodes[name]
+                if fits(state):
+                    got = self.rating(self.signature(state, resource), shape)
+                    assert got is not None
+                    return self._placement(snapshot, request, state, resource, shape, got)
+            i = j
+        return placements.explain(snapshot, request, pod)
 
     def signature(self, state: ledgers.NodeState, resource: str) -> frag.Signature:
         key = (state.info.name, resource)
@@ -131,7 +207,7 @@ class FGDPlacement:
             return self._fallback(snapshot, request, feasible)
         if len(self._signatures) > 4 * len(snapshot.nodes) + 64:
             self._signatures.clear()  # nodes came and went: drop the dead entries
-        measure = self.measure()
+        self.measure()
         rated: dict[frag.Signature, _Rating | None] = {}
         best: ledgers.NodeState | None = None
         best_rating: _Rating = (-1, ())
@@ -140,17 +216,24 @@ class FGDPlacement:
             if sig in rated:
                 got = rated[sig]
             else:
-                got = rated[sig] = _rate(measure, sig, shape)
+                got = rated[sig] = self.rating(sig, shape)
             if got is not None and got[0] > best_rating[0]:
                 best, best_rating = state, got
         if best is None:
             return self._fallback(snapshot, request, feasible)
-        chosen = placements.device_choice(best, request, snapshot.revision)
+        return self._placement(snapshot, request, best, resource, shape, best_rating)
+
+    @staticmethod
+    def _placement(
+        snapshot: ledgers.LedgerSnapshot, request: placements.GroupRequest, state: ledgers.NodeState,
+        resource: str, shape: frag.Shape, rating: _Rating,
+    ) -> placements.Placement:
+        chosen = placements.device_choice(state, request, snapshot.revision)
         if request.share and shape.num_gpu == 1:
-            device = _device_for(best, resource, request.share[resource], best_rating[1])
+            device = _device_for(state, resource, request.share[resource], rating[1])
             if device is not None:
                 chosen = placements.Placement(
-                    best.info.name, {**chosen.devices, resource: (device,)}, snapshot.revision, chosen.tiles
+                    state.info.name, {**chosen.devices, resource: (device,)}, snapshot.revision, chosen.tiles
                 )
         return chosen
 
@@ -181,6 +264,12 @@ class _ForPod:
         feasible: Sequence[ledgers.NodeState],
     ) -> placements.Placement | None:
         return self.policy.choose(snapshot, request, feasible, self.cpu_milli)
+
+    def place(
+        self, snapshot: ledgers.LedgerSnapshot, request: placements.GroupRequest, pod: inventory.PodDemand,
+        fits: Callable[[ledgers.NodeState], bool],
+    ) -> placements.Placement | placements.Unschedulable:
+        return self.policy.place(snapshot, request, pod, fits)
 
 
 def _rate(measure: frag.Fragmentation, sig: frag.Signature, shape: frag.Shape) -> _Rating | None:
