@@ -37,6 +37,13 @@ def _request(key: tuple[str, str], rng: random.Random, strategy: str) -> tuple[p
     return dataclasses.replace(request, strategy=strategy), pod
 
 
+def _hold(book: ledger.DeviceLedger, request: placement.GroupRequest, pod: inventory.PodDemand,
+          decision: placement.Placement) -> None:
+    """Reserve the devices and account the group's pod: its CPU and memory are taken on the node too."""
+    book.reserve(request.key, decision.node, decision.devices, request.share, decision.tiles)
+    book.account_pod(request.key, decision.node, pod.cpu_milli, pod.memory_bytes)
+
+
 def _churn(strategy: str, nodes: int, gpus: int, decisions: int, naive_every: int, seed: int) -> dict[str, list[float]]:
     rng = random.Random(seed)
     book = bench_core_shares.build_cluster(nodes, gpus, rng)
@@ -55,7 +62,7 @@ def _churn(strategy: str, nodes: int, gpus: int, decisions: int, naive_every: in
         n += 1
         decision = decide(book.snapshot(), request, pod)
         if isinstance(decision, placement.Placement):
-            book.reserve(request.key, decision.node, decision.devices, request.share, decision.tiles)
+            _hold(book, request, pod, decision)
             policy.observe(request, pod.cpu_milli)
             live.append(request.key)
             s = request.share.get(bench_core.GPU)
@@ -78,10 +85,12 @@ def _churn(strategy: str, nodes: int, gpus: int, decisions: int, naive_every: in
             if reference != decision:
                 raise AssertionError(f"decision {step}: indexed {decision} but naive {reference}")
         if isinstance(decision, placement.Placement):
-            book.reserve(request.key, decision.node, decision.devices, request.share, decision.tiles)
+            _hold(book, request, pod, decision)
             policy.observe(request, pod.cpu_milli)
             live.append(request.key)
-        book.release(live.pop(rng.randrange(len(live))))
+        gone = live.pop(rng.randrange(len(live)))
+        book.release(gone)
+        book.forget_pod(gone)
     return out
 
 
@@ -103,7 +112,8 @@ def run(quick: bool) -> str:
     return f"""## Allocation core: `schedulingStrategy: fgd` beside `binpack` ({nodes:,} nodes x {gpus} GPUs)
 
 `benchmarks/bench_core_fgd.py`. The cluster and group mix of the fractional-shares section, filled to
-~70% and churned ({decisions:,} arrivals, a random older group leaving after each), once with every group
+~70% and churned ({decisions:,} arrivals, a random older group leaving after each; each group's
+pod accounted, so nodes differ in free CPU too), once with every group
 `binpack` and once with every group `fgd` (the operator's FGD policy, target workload learned from
 the groups placed). fgd rates *classes* of open nodes in the same state (kept current by diffing the
 ledger snapshot's shards), then walks the best-scoring classes in node-name order through the full

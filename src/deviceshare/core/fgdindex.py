@@ -10,7 +10,7 @@ seen before is unchanged, and only the nodes of new shards are compared (by iden
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 
 from deviceshare.core import ledger as ledgers
 from deviceshare.core import snapshots
@@ -33,12 +33,18 @@ class SignatureClasses:
         self._signature_of = signature_of
         self._shards: list[Mapping[str, ledgers.NodeState] | None] = [None] * snapshots.SHARDS
         self._states: dict[str, ledgers.NodeState] = {}
-        self._sig: dict[str, Signature] = {}
-        self._members: dict[Signature, list[str]] = {}
+        self._ids: dict[Signature, int] = {}  # a signature keeps its id for the index's life
+        self.signatures: list[Signature] = []  # class id -> signature
+        self._class: dict[str, int] = {}
+        self._members: dict[int, list[str]] = {}
 
     @property
-    def classes(self) -> Mapping[Signature, list[str]]:
+    def classes(self) -> Mapping[int, list[str]]:
+        """Class id -> names of its open nodes, sorted; classes without nodes are left out."""
         return self._members
+
+    def class_of(self, name: str) -> int:
+        return self._class[name]
 
     def update(self, snapshot: ledgers.LedgerSnapshot) -> None:
         """Catch up with ``snapshot``: only shards the ledger replaced since the last call are read."""
@@ -56,7 +62,7 @@ class SignatureClasses:
             self._shards[i] = shard
 
     def _file(self, name: str, state: ledgers.NodeState | None) -> None:
-        previous = self._sig.pop(name, None)
+        previous = self._class.pop(name, None)
         if previous is not None:
             members = self._members[previous]
             del members[bisect.bisect_left(members, name)]
@@ -69,8 +75,9 @@ class SignatureClasses:
         if not is_open(state) or not state.info.devices.get(self.resource):
             return
         sig = self._signature_of(state)
-        self._sig[name] = sig
-        bisect.insort(self._members.setdefault(sig, []), name)
-
-    def members(self, sig: Signature) -> Iterator[str]:
-        return iter(self._members.get(sig, ()))
+        cid = self._ids.get(sig)
+        if cid is None:
+            cid = self._ids[sig] = len(self.signatures)
+            self.signatures.append(sig)
+        self._class[name] = cid
+        bisect.insort(self._members.setdefault(cid, []), name)

@@ -92,7 +92,8 @@ class FGDPlacement:
         self._observed = 0  # placements seen since the measure was built
         self._signatures: dict[tuple[str, str], tuple[ledgers.NodeState, frag.Signature]] = {}
         self._classes: dict[str, fgdindex.SignatureClasses] = {}
-        self._ratings: dict[tuple[frag.Signature, frag.Shape], _Rating | None] = {}
+        self._ratings: dict[frag.Shape, dict[int, _Rating | None]] = {}  # shape -> class id -> rating
+        self._fresh_shape = False  # a shape outside the measure's workload was placed since it was built
 
     def observe(self, request: placements.GroupRequest, cpu_milli: int) -> None:
         """A group was placed (by any strategy): its shape joins the target workload."""
@@ -100,37 +101,25 @@ class FGDPlacement:
         if shape is not None:
             self.histogram.observe(shape)
             self._observed += 1
+            if self._workload is not None and all(w.shape != shape for w in self._workload):
+                self._fresh_shape = True
 
     def measure(self) -> frag.Fragmentation:
         """The measure for the current mix.
 
-        Rebuilt (and every memoised rating dropped) when a shape enters or leaves the mix, or after
-        ``REFRESH`` placements: weights drift with every placement, and re-rating every node state
-        per decision for a drift of a fraction of a percent would cost more than it changes.
+        Rebuilt (and every memoised rating dropped) when a new shape was placed, or after ``REFRESH``
+        placements (shapes that faded out leave then): weights drift with every placement, and
+        re-rating every node state per decision for a drift of a fraction of a percent would cost
+        more than it changes.
         """
-        workload = None
-        if self._workload is None or self._observed >= REFRESH:
+        if self._workload is None or self._fresh_shape or self._observed >= REFRESH:
             workload = self.histogram.workload()
-        elif self._observed:
-            current = self.histogram.workload()
-            if {w.shape for w in current} != {w.shape for w in self._workload}:
-                workload = current
-        if workload is not None and workload != self._workload:
-            self._workload = workload
-            self._measure = frag.Fragmentation(workload)
-            self._ratings.clear()
-        if workload is not None:
-            self._observed = 0
+            if workload != self._workload:
+                self._workload = workload
+                self._measure = frag.Fragmentation(workload)
+                self._ratings.clear()
+            self._observed, self._fresh_shape = 0, False
         return self._measure
-
-    def rating(self, sig: frag.Signature, shape: frag.Shape) -> _Rating | None:
-        """FGD's score of the best placement of ``shape`` on a node in state ``sig`` (memoised)."""
-        key = (sig, shape)
-        try:
-            return self._ratings[key]
-        except KeyError:
-            got = self._ratings[key] = _rate(self._measure, sig, shape)
-            return got
 
     def place(
         self,
@@ -157,11 +146,16 @@ class FGDPlacement:
             )
         classes.update(snapshot)
         self.measure()
+        ratings = self._ratings.setdefault(shape, {})
+        signatures, measure = classes.signatures, self._measure
         rated = []
-        for sig, members in classes.classes.items():
-            got = self.rating(sig, shape)
+        for cid, members in classes.classes.items():
+            try:
+                got = ratings[cid]
+            except KeyError:
+                got = ratings[cid] = _rate(measure, signatures[cid], shape)
             if got is not None:
-                rated.append((-got[0], members[0], sig))
+                rated.append((-got[0], members[0], cid))
         rated.sort()
         nodes = snapshot.nodes
         i = 0
@@ -169,11 +163,11 @@ class FGDPlacement:
             j = i
             while j < len(rated) and rated[j][0] == rated[i][0]:
                 j += 1
-            level = [classes.classes[sig] for _, _, sig in rated[i:j]]
+            level = [classes.classes[cid] for _, _, cid in rated[i:j]]
             for name in heapq.merge(*level) if len(level) > 1 else level[0]:
                 state = nodes[name]
                 if fits(state):
-                    got = self.rating(self.signature(state, resource), shape)
+                    got = ratings[classes.class_of(name)]
                     assert got is not None
                     return self._placement(snapshot, request, state, resource, shape, got)
             i = j
@@ -216,7 +210,7 @@ class FGDPlacement:
             if sig in rated:
                 got = rated[sig]
             else:
-                got = rated[sig] = self.rating(sig, shape)
+                got = rated[sig] = _rate(self._measure, sig, shape)
             if got is not None and got[0] > best_rating[0]:
                 best, best_rating = state, got
         if best is None:
