@@ -104,10 +104,11 @@ def run(quick: bool) -> str:
     for strategy in ("binpack", "fgd"):
         t = _churn(strategy, nodes, gpus, decisions, every, seed=11)
         rows.append(f"| `{strategy}` | {len(t['placed'])} | {_ms(t['placed'], 0.5):.3f} | {_ms(t['placed'], 0.99):.3f} "
-                    f"| {_ms(t['cpu'], 0.99):.3f} | {len(t['unplaced'])} | {_ms(t['unplaced'], 0.5):.1f} |")
+                    f"| {_ms(t['placed'], 0.999):.3f} | {_ms(t['cpu'], 0.99):.3f} "
+                    f"| {len(t['unplaced'])} | {_ms(t['unplaced'], 0.5):.1f} |")
         if t["naive"]:
             rows.append(f"| `fgd`, naive (every feasible node offered; {len(t['naive'])} sampled) | | "
-                        f"{_ms(t['naive'], 0.5):.3f} | {_ms(t['naive'], 0.99):.3f} | | | |")
+                        f"{_ms(t['naive'], 0.5):.3f} | {_ms(t['naive'], 0.99):.3f} | | | | |")
     table = "\n".join(rows)
     return f"""## Allocation core: `schedulingStrategy: fgd` beside `binpack` ({nodes:,} nodes x {gpus} GPUs)
 
@@ -120,9 +121,11 @@ ledger snapshot's shards), then walks the best-scoring classes in node-name orde
 filter; the naive form offers it every feasible node (each distinct state still rated once), on the
 same snapshot, and must decide the same. Times per decision, wall clock unless noted.
 
-| strategy | placed | p50 (ms) | p99 (ms) | p99 CPU time (ms) | unschedulable | unschedulable p50 (ms) |
-|---|---:|---:|---:|---:|---:|---:|
+| strategy | placed | p50 (ms) | p99 (ms) | p99.9 (ms) | p99 CPU time (ms) | unschedulable | unschedulable p50 (ms) |
+|---|---:|---:|---:|---:|---:|---:|---:|
 {table}
 
-Unschedulable decisions scan every node to count reasons, for every strategy.
+Unschedulable decisions scan every node to count reasons, for every strategy. The fgd tail is the
+decisions that re-rate every class: the measure is rebuilt when a shape new to the histogram is placed
+and every 200 placements (the learned mix drifts), and a state never seen before is rated on first sight.
 """

@@ -32,7 +32,7 @@ from deviceshare.core import ledger as ledgers
 from deviceshare.core import placement as placements
 
 _Rating = tuple[int, tuple[int, ...]]  # (score, free values of the preferred devices)
-REFRESH = 64  # placements after which the measure follows the drifted mix
+REFRESH = 200  # placements after which the measure follows the drifted mix
 
 
 def lead_resource(request: placements.GroupRequest) -> str | None:
@@ -93,21 +93,20 @@ class FGDPlacement:
         self._signatures: dict[tuple[str, str], tuple[ledgers.NodeState, frag.Signature]] = {}
         self._classes: dict[str, fgdindex.SignatureClasses] = {}
         self._ratings: dict[frag.Shape, dict[int, _Rating | None]] = {}  # shape -> class id -> rating
-        self._fresh_shape = False  # a shape outside the measure's workload was placed since it was built
+        self._fresh_shape = False  # a shape never seen before was placed since the measure was built
 
     def observe(self, request: placements.GroupRequest, cpu_milli: int) -> None:
         """A group was placed (by any strategy): its shape joins the target workload."""
         shape = shape_of(request.resources, request.share, cpu_milli)
         if shape is not None:
+            self._fresh_shape |= shape not in self.histogram
             self.histogram.observe(shape)
             self._observed += 1
-            if self._workload is not None and all(w.shape != shape for w in self._workload):
-                self._fresh_shape = True
 
     def measure(self) -> frag.Fragmentation:
         """The measure for the current mix.
 
-        Rebuilt (and every memoised rating dropped) when a new shape was placed, or after ``REFRESH``
+        Rebuilt (and every memoised rating dropped) when a shape new to the histogram was placed, or after ``REFRESH``
         placements (shapes that faded out leave then): weights drift with every placement, and
         re-rating every node state per decision for a drift of a fraction of a percent would cost
         more than it changes.
@@ -140,6 +139,9 @@ class FGDPlacement:
         if resource is None or shape is None or shape.num_gpu == 0:  # nothing for FGD to weigh: binpack
             return placements.place_on(snapshot, request, pod)
         classes = self._classes.get(resource)
+        if classes is not None and len(classes.signatures) > 4 * len(classes.classes) + 4096:
+            classes = None  # states long gone pile up as ids: start the index over
+            self._ratings.clear()
         if classes is None:
             classes = self._classes[resource] = fgdindex.SignatureClasses(
                 resource, lambda state: self.signature(state, resource)

@@ -54,6 +54,9 @@ class ShapeHistogram:
                 self._weights[known] = weight
         self._weights[shape] = self._weights.get(shape, 0.0) + 1.0
 
+    def __contains__(self, shape: object) -> bool:
+        return shape in self._weights
+
     def weights(self) -> dict[frag.Shape, float]:
         return dict(self._weights)
 
