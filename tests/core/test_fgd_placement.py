@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from tests.core import builders
 
-from deviceshare.core import capacity, fgdplacement, inventory, ledger, placement, workloadmix
+from deviceshare.core import capacity, fgdindex, fgdplacement, inventory, ledger, placement, workloadmix
 from deviceshare.core import fragmentation as frag
 
 GPU = builders.GPU
@@ -186,3 +186,45 @@ def test_every_fgd_choice_is_feasible_and_never_overcommits(groups: list[tuple[i
         for device in node.devices[GPU]:
             use = book.use(node.name, GPU, device)
             assert use is None or use.compute_milli <= 1000
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["add", "remove", "cordon", "take", "give"]), st.integers(0, 5)),
+                max_size=30))
+def test_the_class_index_follows_the_ledger_as_a_fresh_one_would(ops: list[tuple[str, int]]) -> None:
+    """Nodes added, removed, cordoned, devices taken and given back between snapshots: the classes kept
+    up to date by diffing shards equal classes built from scratch on the last snapshot."""
+    book = ledger.DeviceLedger()
+    policy = fgdplacement.FGDPlacement()
+
+    def signature(state: ledger.NodeState) -> frag.Signature:
+        return policy.signature(state, GPU)
+
+    kept = fgdindex.SignatureClasses(GPU, signature)
+    held: list[tuple[str, str]] = []
+    for step, (op, i) in enumerate(ops):
+        name = f"n{i}"
+        if op == "add":
+            book.upsert_node(builders.node(name, gpus=2 + i % 3))
+        elif op == "remove":
+            book.remove_node(name)
+        elif op == "cordon" and book.node(name) is not None:
+            book.upsert_node(builders.node(name, gpus=2 + i % 3, unschedulable=True))
+        elif op == "take" and book.free_devices(name, GPU):
+            book.reserve(("ns", f"g{step}"), name, {GPU: [book.free_devices(name, GPU)[0]]})
+            held.append(("ns", f"g{step}"))
+        elif op == "give" and held:
+            book.release(held.pop(0))
+        if step % 3 == 0:
+            kept.update(book.snapshot())
+    snap = book.snapshot()
+    kept.update(snap)
+    fresh = fgdindex.SignatureClasses(GPU, signature)
+    fresh.update(snap)
+
+    def named(index: fgdindex.SignatureClasses) -> dict[frag.Signature, list[str]]:
+        return {index.signatures[cid]: names for cid, names in index.classes.items()}
+
+    assert named(kept) == named(fresh)
+    open_nodes = sorted(n for n in snap.nodes if fgdindex.is_open(snap.nodes[n]))
+    assert sorted(n for names in named(kept).values() for n in names) == open_nodes
