@@ -1,22 +1,24 @@
 """``schedulingStrategy: fgd``: the operator's fragmentation-aware placement (FGD, Weng et al. ATC'23).
 
-A :class:`FGDPlacement` is a :class:`placement.Policy`. For the group's leading resource (its
-shared resource, else the first by name) a node's state is FGD's signature: per-device free
-compute share in milli (a wholly free device 1000, a partly used one what its sharers left,
+A :class:`FGDPlacement` is a :class:`placement.IndexedPolicy` (and, for reference, a plain
+:class:`placement.Policy` offered every feasible node: :meth:`FGDPlacement.choose`). For the
+group's leading resource (its shared resource, else the first by name) a node's state is FGD's
+signature: per-device free compute share in milli (a wholly free device 1000, a partly used one what its sharers left,
 a held device 0) and the node's free CPU. The node's fragmentation against the target workload
 (:mod:`workloadmix`, learned from the groups placed) is :mod:`fragmentation`'s measure, and the
 group goes where FGD's integer score (fragmentation growth, through a sigmoid) is best; equal
 scores go to the node whose name sorts first, a fixed order that is itself a packing force.
 
-- A whole-device group takes fully free devices, in inventory order, as ``binpack`` does.
+- A whole-device group takes fully free devices, as ``binpack`` picks them (a contiguous run).
 - A compute share on one device takes the device whose free value scores best (first in
   inventory order among equals); on several devices, the tightest ones that fit.
 - A share measured only in memory or tiles has no compute to weigh: the node and devices come
   from ``binpack``'s order among the feasible nodes.
 
-Many nodes are in the same state, so each distinct signature is scored once per decision, and
-the measure memoises per signature for as long as the workload stays the same; a node's
-signature is cached against its (immutable, replaced on change) ledger state.
+Many nodes are in the same state, so the decision rates *classes* of nodes (:mod:`fgdindex`, kept
+current from the snapshot's shards), each once per group shape for as long as the measure holds; a
+node's signature is cached against its (immutable, replaced on change) ledger state. The naive form
+(:meth:`FGDPlacement.choose`) still rates each distinct state only once per decision.
 """
 
 from __future__ import annotations
@@ -106,10 +108,10 @@ class FGDPlacement:
     def measure(self) -> frag.Fragmentation:
         """The measure for the current mix.
 
-        Rebuilt (and every memoised rating dropped) when a shape new to the histogram was placed, or after ``REFRESH``
-        placements (shapes that faded out leave then): weights drift with every placement, and
-        re-rating every node state per decision for a drift of a fraction of a percent would cost
-        more than it changes.
+        Rebuilt (and every memoised rating dropped) when a shape new to the histogram was placed,
+        or after ``REFRESH`` placements (shapes that faded out leave then): weights drift with every
+        placement, and re-rating every node state per decision for a drift of a fraction of a
+        percent would cost more than it changes.
         """
         if self._workload is None or self._fresh_shape or self._observed >= REFRESH:
             workload = self.histogram.workload()
@@ -138,6 +140,8 @@ class FGDPlacement:
         shape = shape_of(request.resources, request.share, pod.cpu_milli)
         if resource is None or shape is None or shape.num_gpu == 0:  # nothing for FGD to weigh: binpack
             return placements.place_on(snapshot, request, pod)
+        if len(self._signatures) > 4 * len(snapshot.nodes) + 64:
+            self._signatures.clear()  # nodes came and went: drop the dead entries
         classes = self._classes.get(resource)
         if classes is not None and len(classes.signatures) > 4 * len(classes.classes) + 4096:
             classes = None  # states long gone pile up as ids: start the index over
