@@ -3,8 +3,8 @@
 A :class:`FGDPlacement` is a :class:`placement.IndexedPolicy` (and, for reference, a plain
 :class:`placement.Policy` offered every feasible node: :meth:`FGDPlacement.choose`). For the
 group's leading resource (its shared resource, else the first by name) a node's state is FGD's
-signature: per-device free compute share in milli (a wholly free device 1000, a partly used one what its sharers left,
-a held device 0) and the node's free CPU. The node's fragmentation against the target workload
+signature: per-device free compute share in milli (a wholly free device 1000, a partly used one
+what its sharers left, a held device 0) and the node's free CPU. The node's fragmentation against the target workload
 (:mod:`workloadmix`, learned from the groups placed) is :mod:`fragmentation`'s measure, and the
 group goes where FGD's integer score (fragmentation growth, through a sigmoid) is best; equal
 scores go to the node whose name sorts first, a fixed order that is itself a packing force.
