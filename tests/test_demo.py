@@ -32,3 +32,5 @@ async def test_demo_binds_every_example_pod_with_wired_devices(
     assert env["llm-0"]["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=24576M"
     assert env["nb-alice"]["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
     assert sorted(env[p]["ZE_AFFINITY_MASK"] for p in ("encode-0", "decode-0")) == ["0.0", "0.1"]
+    # schedulingStrategy fgd (examples/fgd-mixed.yaml): the two half-GPU groups close one GPU, not two.
+    assert env["embed-0"]["NVIDIA_VISIBLE_DEVICES"] == env["rerank-0"]["NVIDIA_VISIBLE_DEVICES"]

@@ -174,6 +174,7 @@ def test_names_and_printer_columns() -> None:
         ({"resources": {"gpu": 1}}, False),
         ({"resources": {"nvidia.com/gpu": 65}}, False),
         ({"resources": {"nvidia.com/gpu": 1}, "schedulingStrategy": "random"}, False),
+        ({"resources": {"nvidia.com/gpu": 1}, "schedulingStrategy": "fgd"}, True),
         ({"resources": {"nvidia.com/gpu": 1}, "maxMembers": 10_001}, False),
     ],
 )

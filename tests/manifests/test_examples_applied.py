@@ -143,7 +143,8 @@ async def test_every_example_pod_runs_with_its_groups_devices(stack: Stack) -> N
             mib = share.memory_bytes // 2**20
             assert annotations[names.env_annotation("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT")] == f"0={mib}M"
         if share is not None and share.compute is not None:
-            assert annotations[names.env_annotation("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")] == "25"
+            percent = str(share.compute_milli // 10)  # 250m -> 25, 500m -> 50
+            assert annotations[names.env_annotation("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")] == percent
         if share is not None and share.tiles is not None:
             tile = annotations[names.env_annotation("ZE_AFFINITY_MASK")].split(".")[1]
             assert status["allocatedTiles"][resource] == [f"{devices[0]}.{tile}"]

@@ -53,7 +53,7 @@ def delete_pod(cluster: Any, pod: str, tally: Tally) -> None:
         cluster.delete("pods", pod, NS)
 
 
-async def actor(cluster: Any, index: int, until: float, seed: int, tally: Tally) -> None:
+async def actor(cluster: Any, index: int, until: float, seed: int, tally: Tally, strategy: str | None = None) -> None:
     """One tenant: a group, a few members that come and go, then the group goes; again and again."""
     rng = random.Random(seed * 1000 + index)
     loop = asyncio.get_running_loop()
@@ -61,7 +61,10 @@ async def actor(cluster: Any, index: int, until: float, seed: int, tally: Tally)
     while loop.time() < until:
         group = f"a{index}-r{round_}"
         round_ += 1
-        cluster.create(workload.mixed_group_body(rng, NS, group))
+        body = workload.mixed_group_body(rng, NS, group)
+        if strategy is not None:
+            body["spec"]["schedulingStrategy"] = strategy
+        cluster.create(body)
         tally.groups += 1
         pods: list[str] = []
         for step in range(rng.randint(2, 6)):
@@ -112,7 +115,9 @@ async def operator_footprint(replica: Replica) -> tuple[float, int]:
     return psutil.Process().memory_info().rss / 2**20, tasks
 
 
-async def churn(cluster: Any, seconds: float, actors: int, seed: int) -> tuple[list[str], Watchdog]:
+async def churn(
+    cluster: Any, seconds: float, actors: int, seed: int, strategy: str | None = None
+) -> tuple[list[str], Watchdog]:
     """Run the churn; its watchdog is asserted here, in the test, not in a fixture's teardown."""
     workload.ensure_namespace(cluster, NS)
     watchdog = Watchdog(cluster)
@@ -125,7 +130,7 @@ async def churn(cluster: Any, seconds: float, actors: int, seed: int) -> tuple[l
         loop = asyncio.get_running_loop()
         start = loop.time()
         until = start + seconds
-        workers = [loop.create_task(actor(cluster, i, until, seed, tally)) for i in range(actors)]
+        workers = [loop.create_task(actor(cluster, i, until, seed, tally, strategy)) for i in range(actors)]
         while not all(w.done() for w in workers):
             await asyncio.sleep(min(60.0, max(1.0, seconds / 10)))
             expire_events(cluster)
@@ -185,6 +190,12 @@ async def churn(cluster: Any, seconds: float, actors: int, seed: int) -> tuple[l
 @pytest.mark.parametrize("seed", [1, pytest.param(2, marks=pytest.mark.slow)])
 async def test_churn_never_double_allocates(cluster: Any, seed: int) -> None:
     report, watchdog = await churn(cluster, seconds=5.0, actors=8, seed=seed)
+    assert watchdog.checks > 50, report
+
+
+async def test_churn_with_fgd_never_double_allocates(cluster: Any) -> None:
+    """Every group ``schedulingStrategy: fgd`` (whole, compute, memory and mixed shares): zero violations."""
+    report, watchdog = await churn(cluster, seconds=5.0, actors=8, seed=3, strategy="fgd")
     assert watchdog.checks > 50, report
 
 

@@ -29,13 +29,18 @@ def bound(cluster: Any) -> list[dict[str, Any]]:
     return workload.bound_pods(cluster, NS)
 
 
-async def test_a_kill_mid_burst_loses_no_share_and_doubles_none(cluster: Any, watchdog: Watchdog) -> None:
+@pytest.mark.parametrize("strategy", ["binpack", "fgd"])
+async def test_a_kill_mid_burst_loses_no_share_and_doubles_none(
+    cluster: Any, watchdog: Watchdog, strategy: str
+) -> None:
+    """Also with ``schedulingStrategy: fgd``: its choice is reserved and rebuilt like any other."""
     workload.ensure_namespace(cluster, NS)
     # Every binding is slowed, so the kill lands with placements decided, persisted and in flight.
     slow = cluster.inject_fault("POST", rf"/namespaces/{NS}/pods/[^/]+/binding$", delay=0.5, times=None)
     first = await launch(operator_config(cluster))
     for i in range(GROUPS):
-        cluster.create(workload.group_body(NS, f"g{i}", {workload.GPU: 1}, share={workload.GPU: {"compute": "250m"}}))
+        cluster.create(workload.group_body(NS, f"g{i}", {workload.GPU: 1}, share={workload.GPU: {"compute": "250m"}},
+                                           schedulingStrategy=strategy))
         cluster.create(workload.pod_body(NS, f"g{i}-0", f"g{i}"))
     await workload.until(lambda: slow.fired >= 3, "bindings of the burst in flight", 10, 0.005)
     await kill(first)

@@ -40,7 +40,7 @@ MEMORY_PATTERN = (
     r"^([0-9]*[1-9][0-9]*(\.[0-9]*)?|[0-9]*\.[0-9]*[1-9][0-9]*)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$"
 )
 
-Strategy = Literal["binpack", "spread"]
+Strategy = Literal["binpack", "spread", "fgd"]
 Phase = Literal["Pending", "Bound", "Releasing"]
 ConditionStatus = Literal["True", "False", "Unknown"]
 DeviceCount = Annotated[int, Field(ge=1, le=MAX_DEVICES_PER_RESOURCE)]

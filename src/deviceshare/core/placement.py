@@ -20,9 +20,9 @@ partly used devices first. :class:`Policy` is the seam for other scoring (e.g. f
 from __future__ import annotations
 
 import collections
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from deviceshare.api import models
 from deviceshare.core import capacity, devicechoice, filters, inventory, reasons, shareplacement
@@ -86,6 +86,20 @@ class Policy(Protocol):
     def choose(
         self, snapshot: ledgers.LedgerSnapshot, request: GroupRequest, feasible: Sequence[ledgers.NodeState]
     ) -> Placement | None: ...
+
+
+@runtime_checkable
+class IndexedPolicy(Protocol):
+    """A policy that walks its own index instead of being offered every feasible node.
+
+    ``fits`` is the placement's full filter for the group's first pod (selector, taints, cpu and
+    memory, devices); the policy returns a placement on a node that passes it, or why none does.
+    """
+
+    def place(
+        self, snapshot: ledgers.LedgerSnapshot, request: GroupRequest, pod: inventory.PodDemand,
+        fits: Callable[[ledgers.NodeState], bool],
+    ) -> Placement | Unschedulable: ...
 
 
 def _failure(
@@ -194,8 +208,10 @@ def place_on(
 def place_by_policy(
     snapshot: ledgers.LedgerSnapshot, request: GroupRequest, pod: inventory.PodDemand, policy: Policy
 ) -> Placement | Unschedulable:
-    """A decision by another policy: every node that fits is offered to it (scoring policies such as
-    fragmentation-aware ones look at every feasible node anyway)."""
+    """A decision by another policy: every node that fits is offered to it, or, for an
+    :class:`IndexedPolicy`, the policy walks its own index with this module's filter."""
+    if isinstance(policy, IndexedPolicy):
+        return policy.place(snapshot, request, pod, lambda state: _fits(state, request, pod))
     feasible = [s for _, s in sorted(snapshot.nodes.items()) if _fits(s, request, pod)]
     chosen = policy.choose(snapshot, request, feasible) if feasible else None
     return explain(snapshot, request, pod) if chosen is None else chosen

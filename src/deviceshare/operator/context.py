@@ -9,6 +9,7 @@ import logging
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 
+from deviceshare.core import fgdplacement
 from deviceshare.core import ledger as ledgers
 
 from . import events as events_
@@ -62,6 +63,8 @@ class Context:
     # Groups whose devices are also claimed by another group (found at rebuild): key -> other holders.
     conflicts: dict[state_.GroupKey, set[state_.GroupKey]] = dataclasses.field(default_factory=dict)
     # Events are posted in the background so a slow API never holds a group lock; repeats are counted.
+    # schedulingStrategy fgd: the policy and its target workload, learned from the groups placed.
+    fgd: fgdplacement.FGDPlacement = dataclasses.field(default_factory=fgdplacement.FGDPlacement)
     recorder: events_.EventRecorder = dataclasses.field(default_factory=events_.EventRecorder)
     background: set[asyncio.Task[None]] = dataclasses.field(default_factory=set)
     _events: collections.deque[tuple[state_.PodRecord | state_.GroupRecord, str, str, bool]] = dataclasses.field(

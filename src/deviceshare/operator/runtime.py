@@ -19,7 +19,7 @@ from typing import Any
 
 from deviceshare.api import names
 from deviceshare.core import claims as claims_
-from deviceshare.core import inventory
+from deviceshare.core import fgdplacement, inventory
 from deviceshare.core import ledger as ledgers
 from deviceshare.kube import watching
 
@@ -156,6 +156,9 @@ class Runtime:
         report = ledger.rebuild(sorted_claims.claims)
 
         ctx.ledger, ctx.state = ledger, state
+        ctx.fgd = fgdplacement.FGDPlacement(fgdplacement.seed_histogram(
+            (g.spec, [p.demand for p in state.members(g.key)]) for g in state.groups.values() if g.spec is not None
+        ))
         ctx.metrics.bind_ledger(ledger)
         ctx.conflicts.clear()
         ctx.unschedulable.clear()

@@ -167,10 +167,12 @@ class PodScheduler:
                 ctx.unschedulable[gkey] = over
                 return Outcome(Result.UNSCHEDULABLE, over)
             request = placement.GroupRequest.from_spec(gkey, spec)
-            decided = placement.schedule_group(ctx.ledger, request, pod.demand)
+            policy = ctx.fgd.for_pod(pod.demand) if spec.scheduling_strategy == "fgd" else None
+            decided = placement.schedule_group(ctx.ledger, request, pod.demand, policy=policy)
             if isinstance(decided, placement.Unschedulable):
                 ctx.unschedulable[gkey] = decided.message()
                 return Outcome(Result.UNSCHEDULABLE, decided.message())
+            ctx.fgd.observe(request, pod.demand.cpu_milli)  # every group placed shapes fgd's target workload
             allocation = decided
             try:
                 body = await self._persist(group, allocation)

@@ -1,0 +1,83 @@
+"""Open nodes grouped by FGD signature, kept current from ledger snapshots at the cost of what changed.
+
+FGD rates a node by its state only (per-device free compute, free CPU), and most nodes of a
+cluster share a state with many others, so the ``fgd`` strategy rates *classes* of nodes, never the
+whole cluster. The classes are kept here across decisions: a snapshot's node states live in
+shards that the ledger copies before it writes (:class:`snapshots.NodeStates`), so a shard object
+seen before is unchanged, and only the nodes of new shards are compared (by identity) and moved.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Mapping
+
+from deviceshare.core import ledger as ledgers
+from deviceshare.core import snapshots
+from deviceshare.core.fragmentation import Signature
+
+SignatureOf = Callable[[ledgers.NodeState], Signature]
+
+
+def is_open(state: ledgers.NodeState) -> bool:
+    """As the ledger files nodes in its indexes: shared, Ready, not cordoned, valid inventory."""
+    info = state.info
+    return info.shared and info.ready and not info.unschedulable and not info.problems
+
+
+class SignatureClasses:
+    """For one device resource: signature -> names of the open nodes in that state, sorted."""
+
+    def __init__(self, resource: str, signature_of: SignatureOf) -> None:
+        self.resource = resource
+        self._signature_of = signature_of
+        self._shards: list[Mapping[str, ledgers.NodeState] | None] = [None] * snapshots.SHARDS
+        self._states: dict[str, ledgers.NodeState] = {}
+        self._ids: dict[Signature, int] = {}  # a signature keeps its id for the index's life
+        self.signatures: list[Signature] = []  # class id -> signature
+        self._class: dict[str, int] = {}
+        self._members: dict[int, list[str]] = {}
+
+    @property
+    def classes(self) -> Mapping[int, list[str]]:
+        """Class id -> names of its open nodes, sorted; classes without nodes are left out."""
+        return self._members
+
+    def class_of(self, name: str) -> int:
+        return self._class[name]
+
+    def update(self, snapshot: ledgers.LedgerSnapshot) -> None:
+        """Catch up with ``snapshot``: only shards the ledger replaced since the last call are read."""
+        for i, shard in enumerate(snapshot.nodes.shards):
+            old = self._shards[i]
+            if shard is old:
+                continue
+            for name, state in shard.items():
+                if self._states.get(name) is not state:
+                    self._file(name, state)
+            if old is not None:
+                for name in old:
+                    if name not in shard:
+                        self._file(name, None)
+            self._shards[i] = shard
+
+    def _file(self, name: str, state: ledgers.NodeState | None) -> None:
+        previous = self._class.pop(name, None)
+        if previous is not None:
+            members = self._members[previous]
+            del members[bisect.bisect_left(members, name)]
+            if not members:
+                del self._members[previous]
+        if state is None:
+            self._states.pop(name, None)
+            return
+        self._states[name] = state
+        if not is_open(state) or not state.info.devices.get(self.resource):
+            return
+        sig = self._signature_of(state)
+        cid = self._ids.get(sig)
+        if cid is None:
+            cid = self._ids[sig] = len(self.signatures)
+            self.signatures.append(sig)
+        self._class[name] = cid
+        bisect.insort(self._members.setdefault(cid, []), name)

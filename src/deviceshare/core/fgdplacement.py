@@ -1,0 +1,310 @@
+"""``schedulingStrategy: fgd``: the operator's fragmentation-aware placement (FGD, Weng et al. ATC'23).
+
+A :class:`FGDPlacement` is a :class:`placement.IndexedPolicy` (and, for reference, a plain
+:class:`placement.Policy` offered every feasible node: :meth:`FGDPlacement.choose`). For the
+group's leading resource (its shared resource, else the first by name) a node's state is FGD's
+signature: per-device free compute share in milli (a wholly free device 1000, a partly used one
+what its sharers left, a held device 0) and the node's free CPU. The node's fragmentation against the target workload
+(:mod:`workloadmix`, learned from the groups placed) is :mod:`fragmentation`'s measure, and the
+group goes where FGD's integer score (fragmentation growth, through a sigmoid) is best; equal
+scores go to the node whose name sorts first, a fixed order that is itself a packing force.
+
+- A whole-device group takes fully free devices, as ``binpack`` picks them (a contiguous run).
+- A compute share on one device takes the device whose free value scores best (first in
+  inventory order among equals); on several devices, the tightest ones that fit.
+- A share measured only in memory or tiles has no compute to weigh: the node and devices come
+  from ``binpack``'s order among the feasible nodes.
+
+Many nodes are in the same state, so the decision rates *classes* of nodes (:mod:`fgdindex`, kept
+current from the snapshot's shards), each once per group shape for as long as the measure holds; a
+node's signature is cached against its (immutable, replaced on change) ledger state. The naive form
+(:meth:`FGDPlacement.choose`) still rates each distinct state only once per decision.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from deviceshare.api import models
+from deviceshare.core import capacity, fgdindex, inventory, shareplacement, workloadmix
+from deviceshare.core import fragmentation as frag
+from deviceshare.core import ledger as ledgers
+from deviceshare.core import placement as placements
+
+_Rating = tuple[int, tuple[int, ...]]  # (score, free values of the preferred devices)
+REFRESH = 200  # placements after which the measure follows the drifted mix
+
+
+def lead_resource(request: placements.GroupRequest) -> str | None:
+    if request.share:
+        return min(request.share)
+    return min(request.resources) if request.resources else None
+
+
+def shape_of(resources: Mapping[str, int], share: Mapping[str, capacity.Share], cpu_milli: int) -> frag.Shape | None:
+    """The group's shape on its leading resource; None for a share without a compute part."""
+    if share:
+        resource = min(share)
+        milli = share[resource].compute_milli
+        if not milli:
+            return None
+        return frag.Shape(cpu_milli, min(milli, frag.MILLI), resources[resource], resource)
+    if not resources:
+        return frag.Shape(cpu_milli, 0, 0, "")
+    resource = min(resources)
+    return frag.Shape(cpu_milli, frag.MILLI, resources[resource], resource)
+
+
+def seed_histogram(
+    groups: Iterable[tuple[models.GroupSpec, Sequence[inventory.PodDemand]]],
+    half_life: float = workloadmix.DEFAULT_HALF_LIFE,
+) -> workloadmix.ShapeHistogram:
+    """The target workload at start: one count per existing group, CPU from its first member if any."""
+    shapes = []
+    for spec, pods in groups:
+        cpu = pods[0].cpu_milli if pods else 0
+        shape = shape_of(dict(spec.resources), capacity.shares_from_spec(spec.share), cpu)
+        if shape is not None:
+            shapes.append(shape)
+    return workloadmix.ShapeHistogram.seeded(shapes, half_life)
+
+
+def _free_values(state: ledgers.NodeState, resource: str) -> dict[str, int]:
+    """Device -> free compute milli, in inventory order (held, mixed or tile-split devices: 0)."""
+    free = set(state.free.get(resource, ()))
+    left = {
+        d.device: max(d.compute_milli, 0)
+        for d in state.partial.get(resource, ())
+        if d.kind is capacity.Kind.SHARED
+    }
+    return {
+        d: frag.MILLI if d in free else left.get(d, 0) for d in state.info.devices.get(resource, ())
+    }
+
+
+class FGDPlacement:
+    """The ``fgd`` strategy: FGD's node and device choice against a learned target workload."""
+
+    def __init__(self, histogram: workloadmix.ShapeHistogram | None = None) -> None:
+        self.histogram = histogram if histogram is not None else workloadmix.ShapeHistogram()
+        self._workload: tuple[frag.WeightedShape, ...] | None = None
+        self._measure = frag.Fragmentation(())
+        self._observed = 0  # placements seen since the measure was built
+        self._signatures: dict[tuple[str, str], tuple[ledgers.NodeState, frag.Signature]] = {}
+        self._classes: dict[str, fgdindex.SignatureClasses] = {}
+        self._ratings: dict[frag.Shape, dict[int, _Rating | None]] = {}  # shape -> class id -> rating
+        self._fresh_shape = False  # a shape never seen before was placed since the measure was built
+
+    def observe(self, request: placements.GroupRequest, cpu_milli: int) -> None:
+        """A group was placed (by any strategy): its shape joins the target workload."""
+        shape = shape_of(request.resources, request.share, cpu_milli)
+        if shape is not None:
+            self._fresh_shape |= shape not in self.histogram
+            self.histogram.observe(shape)
+            self._observed += 1
+
+    def measure(self) -> frag.Fragmentation:
+        """The measure for the current mix.
+
+        Rebuilt (and every memoised rating dropped) when a shape new to the histogram was placed,
+        or after ``REFRESH`` placements (shapes that faded out leave then): weights drift with every
+        placement, and re-rating every node state per decision for a drift of a fraction of a
+        percent would cost more than it changes.
+        """
+        if self._workload is None or self._fresh_shape or self._observed >= REFRESH:
+            workload = self.histogram.workload()
+            if workload != self._workload:
+                self._workload = workload
+                self._measure = frag.Fragmentation(workload)
+                self._ratings.clear()
+            self._observed, self._fresh_shape = 0, False
+        return self._measure
+
+    def place(
+        self,
+        snapshot: ledgers.LedgerSnapshot,
+        request: placements.GroupRequest,
+        pod: inventory.PodDemand,
+        fits: Callable[[ledgers.NodeState], bool],
+    ) -> placements.Placement | placements.Unschedulable:
+        """The indexed decision: the same choice as :meth:`choose` over every feasible node.
+
+        Classes of open nodes in the same state (:mod:`fgdindex`) are rated, once per state and
+        shape while the mix holds; then, best score first, the classes of one score are walked in
+        node-name order and the first node that passes every filter (selector, taints, memory...)
+        takes the group.
+        """
+        resource = lead_resource(request)
+        shape = shape_of(request.resources, request.share, pod.cpu_milli)
+        if resource is None or shape is None or shape.num_gpu == 0:  # nothing for FGD to weigh: binpack
+            return placements.place_on(snapshot, request, pod)
+        if len(self._signatures) > 4 * len(snapshot.nodes) + 64:
+            self._signatures.clear()  # nodes came and went: drop the dead entries
+        classes = self._classes.get(resource)
+        if classes is not None and len(classes.signatures) > 4 * len(classes.classes) + 4096:
+            classes = None  # states long gone pile up as ids: start the index over
+            self._ratings.clear()
+        if classes is None:
+            classes = self._classes[resource] = fgdindex.SignatureClasses(
+                resource, lambda state: self.signature(state, resource)
+            )
+        classes.update(snapshot)
+        self.measure()
+        ratings = self._ratings.setdefault(shape, {})
+        signatures, measure = classes.signatures, self._measure
+        rated = []
+        for cid, members in classes.classes.items():
+            try:
+                got = ratings[cid]
+            except KeyError:
+                got = ratings[cid] = _rate(measure, signatures[cid], shape)
+            if got is not None:
+                rated.append((-got[0], members[0], cid))
+        rated.sort()
+        nodes = snapshot.nodes
+        i = 0
+        while i < len(rated):
+            j = i
+            while j < len(rated) and rated[j][0] == rated[i][0]:
+                j += 1
+            level = [classes.classes[cid] for _, _, cid in rated[i:j]]
+            for name in heapq.merge(*level) if len(level) > 1 else level[0]:
+                state = nodes[name]
+                if fits(state):
+                    got = ratings[classes.class_of(name)]
+                    assert got is not None
+                    return self._placement(snapshot, request, state, resource, shape, got)
+            i = j
+        return placements.explain(snapshot, request, pod)
+
+    def signature(self, state: ledgers.NodeState, resource: str) -> frag.Signature:
+        key = (state.info.name, resource)
+        cached = self._signatures.get(key)
+        if cached is not None and cached[0] is state:
+            return cached[1]
+        values = _free_values(state, resource).values()
+        sig = frag.signature_of(resource, state.info.cpu_milli - state.cpu_used, values)
+        self._signatures[key] = (state, sig)
+        return sig
+
+    def for_pod(self, pod: inventory.PodDemand) -> placements.Policy:
+        """The policy for one decision: the group's shape takes its first pod's CPU."""
+        return _ForPod(self, pod.cpu_milli)
+
+    def choose(
+        self,
+        snapshot: ledgers.LedgerSnapshot,
+        request: placements.GroupRequest,
+        feasible: Sequence[ledgers.NodeState],
+        cpu_milli: int = 0,
+    ) -> placements.Placement | None:
+        """The node and devices FGD picks among ``feasible`` (sorted by name) for a pod of ``cpu_milli``."""
+        resource = lead_resource(request)
+        shape = shape_of(request.resources, request.share, cpu_milli)
+        if resource is None or shape is None or shape.num_gpu == 0:
+            return self._fallback(snapshot, request, feasible)
+        if len(self._signatures) > 4 * len(snapshot.nodes) + 64:
+            self._signatures.clear()  # nodes came and went: drop the dead entries
+        self.measure()
+        rated: dict[frag.Signature, _Rating | None] = {}
+        best: ledgers.NodeState | None = None
+        best_rating: _Rating = (-1, ())
+        for state in feasible:  # by name: the first of equal scores wins
+            sig = self.signature(state, resource)
+            if sig in rated:
+                got = rated[sig]
+            else:
+                got = rated[sig] = _rate(self._measure, sig, shape)
+            if got is not None and got[0] > best_rating[0]:
+                best, best_rating = state, got
+        if best is None:
+            return self._fallback(snapshot, request, feasible)
+        return self._placement(snapshot, request, best, resource, shape, best_rating)
+
+    @staticmethod
+    def _placement(
+        snapshot: ledgers.LedgerSnapshot, request: placements.GroupRequest, state: ledgers.NodeState,
+        resource: str, shape: frag.Shape, rating: _Rating,
+    ) -> placements.Placement:
+        chosen = placements.device_choice(state, request, snapshot.revision)
+        if request.share and shape.num_gpu == 1:
+            device = _device_for(state, resource, request.share[resource], rating[1])
+            if device is not None:
+                chosen = placements.Placement(
+                    state.info.name, {**chosen.devices, resource: (device,)}, snapshot.revision, chosen.tiles
+                )
+        return chosen
+
+    @staticmethod
+    def _fallback(
+        snapshot: ledgers.LedgerSnapshot, request: placements.GroupRequest, feasible: Sequence[ledgers.NodeState]
+    ) -> placements.Placement | None:
+        """Binpack's order among the feasible nodes (shares without compute, groups without devices)."""
+        if not feasible:
+            return None
+        if request.share:
+            state = min(feasible, key=lambda s: (*shareplacement.order_key(s, request.share, False), s.info.name))
+        else:
+            state = min(
+                feasible,
+                key=lambda s: (sum(len(s.free.get(r, ())) - n for r, n in request.resources.items()), s.info.name),
+            )
+        return placements.device_choice(state, request, snapshot.revision)
+
+
+@dataclass(frozen=True, slots=True)
+class _ForPod:
+    policy: FGDPlacement
+    cpu_milli: int
+
+    def choose(
+        self, snapshot: ledgers.LedgerSnapshot, request: placements.GroupRequest,
+        feasible: Sequence[ledgers.NodeState],
+    ) -> placements.Placement | None:
+        return self.policy.choose(snapshot, request, feasible, self.cpu_milli)
+
+    def place(
+        self, snapshot: ledgers.LedgerSnapshot, request: placements.GroupRequest, pod: inventory.PodDemand,
+        fits: Callable[[ledgers.NodeState], bool],
+    ) -> placements.Placement | placements.Unschedulable:
+        return self.policy.place(snapshot, request, pod, fits)
+
+
+def _rate(measure: frag.Fragmentation, sig: frag.Signature, shape: frag.Shape) -> _Rating | None:
+    """FGD's score of the best placement on a node in state ``sig``; None if the shape does not fit it."""
+    gpus = sig[2]
+    fitting = [v for v in gpus if v >= shape.gpu_milli]
+    if len(fitting) < shape.num_gpu or sig[1] < shape.cpu_milli:
+        return None
+    before = measure(sig)
+    if shape.gpu_milli >= frag.MILLI:
+        return frag.sigmoid_score(before, measure(frag.after_whole(sig, shape))), ()
+    if shape.num_gpu > 1:  # a share on several devices: the tightest that fit, as binpack takes them
+        rest = list(gpus)
+        for value in sorted(fitting)[: shape.num_gpu]:
+            rest[rest.index(value)] -= shape.gpu_milli
+        after = frag.signature_of(sig[0], sig[1] - shape.cpu_milli, rest)
+        return frag.sigmoid_score(before, measure(after)), ()
+    scored = {v: frag.sigmoid_score(before, measure(frag.after_share(sig, shape, v))) for v in set(fitting)}
+    top = max(scored.values())
+    return top, tuple(sorted(v for v, s in scored.items() if s == top))
+
+
+def _device_for(
+    state: ledgers.NodeState, resource: str, share: capacity.Share, values: tuple[int, ...]
+) -> str | None:
+    """The first device (inventory order) with a best-scoring free value that really takes the share."""
+    partial = {d.device: d for d in state.partial.get(resource, ())}
+    free = set(state.free.get(resource, ()))
+    memory_cap, tiles_cap = state.info.device_memory.get(resource), state.info.device_tiles.get(resource, 0)
+    for device, value in _free_values(state, resource).items():
+        if value not in values:
+            continue
+        left = partial.get(device)
+        if left is None and device in free:
+            left = capacity.fresh(device, memory_cap, tiles_cap, share.kind)
+        if left is not None and capacity.fits(left, share):
+            return device
+    return None
