@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from deviceshare.core import fragmentation as frag
-from deviceshare.core import nodeclasses, policies
+from deviceshare.core import experiment, nodeclasses, policies
 from deviceshare.core.fragmentation import Shape, WeightedShape
 from deviceshare.core.nodeclasses import Cluster, Node, Pod
 
@@ -94,8 +94,12 @@ def random_pod(rng: random.Random) -> Pod:
 
 
 @settings(max_examples=15, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1), which=st.sampled_from(["fgd", "bestfit", "packing"]))
-def test_the_indexed_engine_decides_exactly_as_the_naive_one(seed: int, which: str) -> None:
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    which=st.sampled_from(["fgd", "bestfit", "packing", "fgd-fill"]),
+    tidy=st.booleans(),
+)
+def test_the_indexed_engine_decides_exactly_as_the_naive_one(seed: int, which: str, tidy: bool) -> None:
     rng = random.Random(seed)
     nodes = random_nodes(rng, 14)
     pods = [random_pod(rng) for _ in range(80)]
@@ -103,10 +107,13 @@ def test_the_indexed_engine_decides_exactly_as_the_naive_one(seed: int, which: s
         "fgd": lambda: policies.FGDPolicy(frag.Fragmentation(frag.target_workload(p.shape for p in pods))),
         "bestfit": policies.BestFitPolicy,
         "packing": policies.PackingPolicy,
+        "fgd-fill": lambda: experiment.POLICIES["fgd-fill"](pods),
     }[which]()
     order = list(range(len(nodes)))
     rng.shuffle(order)
-    c = Cluster(nodes, policy, order)
+    c = Cluster(nodes, policy, order, tidy=tidy)
+    if rng.random() < 0.5:  # pre-rated shapes (the target workload's) must decide the same
+        c.prepare({p.shape for p in pods[:10]})
     for pod in pods:
         got = c.decide(pod)
         assert got == nodeclasses.decide_naive(c, pod)
