@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from deviceshare.core import fragmentation as frag
 from deviceshare.core import experiment, nodeclasses, policies
+from deviceshare.core import fragmentation as frag
 from deviceshare.core.fragmentation import Shape, WeightedShape
 from deviceshare.core.nodeclasses import Cluster, Node, Pod
 

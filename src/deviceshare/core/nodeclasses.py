@@ -161,7 +161,7 @@ class Cluster:
         elif len(index.heap) > 4 * len(self._classes) + 64:
             # mostly stale entries: keep the live ones (ratings stand), no rating needed
             live, classes = index.live, self._classes
-            index.heap = [e for e in index.heap if live.get(e[2]) == e[1] and e[2] in classes and classes[e[2]][0] == e[1]]
+            index.heap = [e for e in index.heap if live.get(e[2]) == e[1] and classes.get(e[2], [-1])[0] == e[1]]
             heapq.heapify(index.heap)
         for cid in pending:
             self._offer(index, cid, shape)
