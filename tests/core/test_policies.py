@@ -96,7 +96,7 @@ def random_pod(rng: random.Random) -> Pod:
 @settings(max_examples=15, deadline=None)
 @given(
     seed=st.integers(0, 2**32 - 1),
-    which=st.sampled_from(["fgd", "bestfit", "packing", "fgd-fill"]),
+    which=st.sampled_from(["fgd", "bestfit", "packing", "fgd-fill", "fgd-fill-share"]),
     tidy=st.booleans(),
 )
 def test_the_indexed_engine_decides_exactly_as_the_naive_one(seed: int, which: str, tidy: bool) -> None:
@@ -108,6 +108,7 @@ def test_the_indexed_engine_decides_exactly_as_the_naive_one(seed: int, which: s
         "bestfit": policies.BestFitPolicy,
         "packing": policies.PackingPolicy,
         "fgd-fill": lambda: experiment.POLICIES["fgd-fill"](pods),
+        "fgd-fill-share": lambda: experiment.POLICIES["fgd-fill-share"](pods),
     }[which]()
     order = list(range(len(nodes)))
     rng.shuffle(order)
