@@ -135,3 +135,26 @@ def test_random_policy_is_uniform_over_feasible_nodes_and_never_overcommits() ->
     with pytest.raises(ValueError, match="over-committed"):
         c.bind(Pod(Shape(0, 600, 1), 0), nodeclasses.Decision(1, (0,)))
     assert c.gpu[1] == [400] and c.decide(Pod(Shape(0, 400, 1), 0)) is not None
+
+
+def test_tidying_bounds_how_far_any_shape_falls_behind() -> None:
+    """The latency guarantee: a rare shape's next decision catches up on at most two changes per
+    known shape, not on everything since its last pod (which, lazily, grows without bound)."""
+    rng = random.Random(3)
+    nodes = random_nodes(rng, 40)
+    pods = [random_pod(rng) for _ in range(300)]
+    workload = frag.target_workload(p.shape for p in pods)
+    tidied = Cluster(nodes, policies.FGDPolicy(frag.Fragmentation(workload)), list(range(40)))
+    lazy = Cluster(nodes, policies.FGDPolicy(frag.Fragmentation(workload)), list(range(40)), tidy=False)
+    rare = Pod(Shape(1000, 130, 1), 0)
+    for c in (tidied, lazy):
+        c.prepare(w.shape for w in workload)
+        c.decide(rare)  # seen once, then never again
+        for pod in pods:
+            got = c.decide(pod)
+            if got is not None:
+                c.bind(pod, got)
+    behind = {c: len(c._log) - c._index[rare.shape].seen for c in (tidied, lazy)}
+    assert behind[tidied] <= 2 * len(tidied._index)
+    assert behind[lazy] > 4 * len(lazy._index)
+    assert tidied.decide(rare) == lazy.decide(rare) == nodeclasses.decide_naive(tidied, rare)
