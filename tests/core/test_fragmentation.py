@@ -113,3 +113,15 @@ def test_fill_ahead_counts_the_gpu_a_shape_alone_would_leave_idle() -> None:
     assert ahead(node) == pytest.approx(6000)  # two hosted, six GPUs left for good
     blended = frag.Fragmentation((WeightedShape(twelve_cores, 1.0),), fill_ahead=0.25)
     assert blended(node) == pytest.approx(1500)
+
+
+def test_fill_ahead_for_shares_only_leaves_whole_gpu_shapes_at_the_papers_fragment() -> None:
+    half = Shape(1000, 500, 1)  # 2 cores free: two of them fit, 3 of the 4 idle GPUs stay idle
+    whole = Shape(1000, 1000, 1)  # two fit as well, 2 GPUs stay idle
+    workload = (WeightedShape(half, 0.5), WeightedShape(whole, 0.5))
+    sig: frag.Signature = ("A", 2000, (1000, 1000, 1000, 1000))
+    assert frag.Fragmentation(workload)(sig) == 0  # the paper: both shapes fit, no small GPU
+    shares = frag.Fragmentation(workload, fill_ahead=0.5, shares_only=True)
+    assert shares(sig) == pytest.approx(0.5 * 0.5 * 3000)
+    both = frag.Fragmentation(workload, fill_ahead=0.5)
+    assert both(sig) == pytest.approx(0.5 * 0.5 * 3000 + 0.5 * 0.5 * 2000)

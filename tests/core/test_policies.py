@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from deviceshare.core import experiment, nodeclasses, policies
 from deviceshare.core import fragmentation as frag
-from deviceshare.core import nodeclasses, policies
 from deviceshare.core.fragmentation import Shape, WeightedShape
 from deviceshare.core.nodeclasses import Cluster, Node, Pod
 
@@ -94,8 +94,12 @@ def random_pod(rng: random.Random) -> Pod:
 
 
 @settings(max_examples=15, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1), which=st.sampled_from(["fgd", "bestfit", "packing"]))
-def test_the_indexed_engine_decides_exactly_as_the_naive_one(seed: int, which: str) -> None:
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    which=st.sampled_from(["fgd", "bestfit", "packing", "fgd-fill", "fgd-fill-share"]),
+    tidy=st.booleans(),
+)
+def test_the_indexed_engine_decides_exactly_as_the_naive_one(seed: int, which: str, tidy: bool) -> None:
     rng = random.Random(seed)
     nodes = random_nodes(rng, 14)
     pods = [random_pod(rng) for _ in range(80)]
@@ -103,10 +107,14 @@ def test_the_indexed_engine_decides_exactly_as_the_naive_one(seed: int, which: s
         "fgd": lambda: policies.FGDPolicy(frag.Fragmentation(frag.target_workload(p.shape for p in pods))),
         "bestfit": policies.BestFitPolicy,
         "packing": policies.PackingPolicy,
+        "fgd-fill": lambda: experiment.POLICIES["fgd-fill"](pods),
+        "fgd-fill-share": lambda: experiment.POLICIES["fgd-fill-share"](pods),
     }[which]()
     order = list(range(len(nodes)))
     rng.shuffle(order)
-    c = Cluster(nodes, policy, order)
+    c = Cluster(nodes, policy, order, tidy=tidy)
+    if rng.random() < 0.5:  # pre-rated shapes (the target workload's) must decide the same
+        c.prepare({p.shape for p in pods[:10]})
     for pod in pods:
         got = c.decide(pod)
         assert got == nodeclasses.decide_naive(c, pod)
@@ -127,3 +135,26 @@ def test_random_policy_is_uniform_over_feasible_nodes_and_never_overcommits() ->
     with pytest.raises(ValueError, match="over-committed"):
         c.bind(Pod(Shape(0, 600, 1), 0), nodeclasses.Decision(1, (0,)))
     assert c.gpu[1] == [400] and c.decide(Pod(Shape(0, 400, 1), 0)) is not None
+
+
+def test_tidying_bounds_how_far_any_shape_falls_behind() -> None:
+    """The latency guarantee: a rare shape's next decision catches up on at most two changes per
+    known shape, not on everything since its last pod (which, lazily, grows without bound)."""
+    rng = random.Random(3)
+    nodes = random_nodes(rng, 40)
+    pods = [random_pod(rng) for _ in range(300)]
+    workload = frag.target_workload(p.shape for p in pods)
+    tidied = Cluster(nodes, policies.FGDPolicy(frag.Fragmentation(workload)), list(range(40)))
+    lazy = Cluster(nodes, policies.FGDPolicy(frag.Fragmentation(workload)), list(range(40)), tidy=False)
+    rare = Pod(Shape(1000, 130, 1), 0)
+    for c in (tidied, lazy):
+        c.prepare(w.shape for w in workload)
+        c.decide(rare)  # seen once, then never again
+        for pod in pods:
+            got = c.decide(pod)
+            if got is not None:
+                c.bind(pod, got)
+    behind = {c: len(c._log) - c._index[rare.shape].seen for c in (tidied, lazy)}
+    assert behind[tidied] <= 2 * len(tidied._index)
+    assert behind[lazy] > 4 * len(lazy._index)
+    assert tidied.decide(rare) == lazy.decide(rare) == nodeclasses.decide_naive(tidied, rare)

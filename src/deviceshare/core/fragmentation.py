@@ -112,9 +112,12 @@ class _CpuTable:
 class Fragmentation:
     """The fragmentation measure for one target workload, memoised per node signature."""
 
-    def __init__(self, workload: Sequence[WeightedShape], fill_ahead: float = 0.0, memo: bool = True) -> None:
+    def __init__(
+        self, workload: Sequence[WeightedShape], fill_ahead: float = 0.0, memo: bool = True, shares_only: bool = False
+    ) -> None:
         self.workload = tuple(workload)
         self.fill_ahead = fill_ahead  # 0: the paper's measure; see :meth:`compute`
+        self.shares_only = shares_only  # fill ahead for GPU-sharing shapes only (``fgd-fill-share``)
         # CPU-only shapes count every idle GPU as fragment, whatever the node: fold them into one weight.
         self._always = sum(w.weight for w in self.workload if w.shape.gpu_milli == 0)
         self._gpu_shapes = tuple(
@@ -190,14 +193,16 @@ class Fragmentation:
         GPU counts as fragment, yet 6 of the GPUs can never be used by it. Filling the node with
         that shape alone (as many as GPUs and CPU allow) and counting the idle GPU left gives the
         fill-ahead fragment; ``fill_ahead`` blends it with the paper's (0: the paper's only).
+        With ``shares_only`` the blend applies to GPU-sharing shapes only (whole-GPU shapes keep
+        the paper's fragment): sharing shapes are where a node's leftovers are crumbs.
         """
         model, cpu_free, gpus = signature
         idle = sum(gpus)
         if idle == 0:
             return 0.0
         frag = self._always * idle
-        ahead = self.fill_ahead
         for weight, cpu, milli, num, models in self._gpu_shapes:
+            ahead = 0.0 if self.shares_only and milli >= MILLI else self.fill_ahead
             if cpu_free < cpu or (models and model not in models):
                 frag += weight * idle
                 continue

@@ -8,6 +8,9 @@ classes by (score, first node); a placement moves one node between two classes a
 and a shape's heap catches up on the log the next time that shape is placed. A decision thus
 costs the changes since the shape was last seen plus a heap pop, not a rating of every node:
 :func:`decide_naive` is that naive form, the reference the index is tested and benched against.
+A rarely seen shape would have a long log to catch up on, so each placement also catches one
+shape up, in turn (:meth:`Cluster._tidy`), and :meth:`Cluster.prepare` rates the target
+workload's shapes up front: every decision's catch-up stays bounded.
 
 Memory is a hard filter but in no score, so it is checked per node inside the best class.
 
@@ -22,7 +25,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import random
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from deviceshare.core import fragmentation as frag
@@ -65,8 +68,11 @@ _RANDOM_TRIES = 64  # random policy: rejection samples before a full scan
 class Cluster:
     """Free resources per node, grouped into state classes; decisions by one policy."""
 
-    def __init__(self, nodes: Sequence[Node], policy: policies.Policy, order: Sequence[int], seed: int = 0) -> None:
+    def __init__(
+        self, nodes: Sequence[Node], policy: policies.Policy, order: Sequence[int], seed: int = 0, tidy: bool = True
+    ) -> None:
         self.nodes = nodes
+        self.tidy = tidy  # False: shapes catch up only when their pods come (the lazy form, benched)
         self.policy = policy
         self.rng = random.Random(seed)
         self.cpu = [n.cpu_milli for n in nodes]
@@ -82,8 +88,16 @@ class Cluster:
         self._classes: dict[int, list[int]] = {}  # class id -> member ranks, ascending
         self._log: list[int] = []  # class ids whose membership changed, in order
         self._index: dict[Shape, _ShapeIndex] = {}
+        self._rotation: list[Shape] = []  # shapes with an index, in the order :meth:`bind` tidies them
+        self._turn = 0
         for i in range(len(nodes)):
             self._join(i)
+
+    def prepare(self, shapes: Iterable[Shape]) -> None:
+        """Rate every class for these shapes now (the target workload's), not on their first pod."""
+        if not self.policy.randomized:
+            for shape in shapes:
+                self._catch_up(shape)
 
     @property
     def classes(self) -> int:
@@ -130,18 +144,25 @@ class Cluster:
             heapq.heappush(index.heap, (-got.score, members[0], cid))
 
     def _catch_up(self, shape: Shape) -> _ShapeIndex:
+        """Offer the shape's heap the classes changed since it last looked."""
         index = self._index.get(shape)
         log = self._log
         if index is None:
             index = self._index[shape] = _ShapeIndex(seen=len(log))
+            self._rotation.append(shape)
             pending: Collection[int] = list(self._classes)
         else:
             pending = set(log[index.seen :])  # a busy class shows up many times
             index.seen = len(log)
-        if len(pending) > len(self._classes) or len(index.heap) > 2 * len(self._classes) + 64:
-            index.heap.clear()  # cheaper (and leaner) to start over from the current classes
+        if len(pending) > len(self._classes):
+            index.heap.clear()  # cheaper to start over from the current classes
             index.live.clear()
             pending = list(self._classes)
+        elif len(index.heap) > 4 * len(self._classes) + 64:
+            # mostly stale entries: keep the live ones (ratings stand), no rating needed
+            live, classes = index.live, self._classes
+            index.heap = [e for e in index.heap if live.get(e[2]) == e[1] and classes.get(e[2], [-1])[0] == e[1]]
+            heapq.heapify(index.heap)
         for cid in pending:
             self._offer(index, cid, shape)
         return index
@@ -208,6 +229,21 @@ class Cluster:
         for i in decision.gpus:
             gpus[i] -= pod.shape.gpu_milli
         self._join(node)
+        if self.tidy:
+            self._tidy()
+
+    def _tidy(self) -> None:
+        """Catch one shape up on the changes, the next in turn, per placement.
+
+        With k shapes known, no shape is more than 2k changes behind, so a rarely seen shape's
+        next decision rates at most that many classes, not every class changed since it last
+        came (the lazy form's tail: up to all classes). Frequent shapes are caught up by their
+        own decisions, so their turn costs little; a rare shape's turn costs what its own
+        decision would have.
+        """
+        if self._rotation:
+            self._turn = (self._turn + 1) % len(self._rotation)
+            self._catch_up(self._rotation[self._turn])
 
 
 def decide_naive(cluster: Cluster, pod: Pod, policy: policies.Policy | None = None) -> Decision | None:
