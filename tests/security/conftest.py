@@ -18,11 +18,16 @@ from pathlib import Path
 import pytest
 
 from deviceshare.api import names
-from deviceshare.sandbox import Sandbox, cluster, identity
+from deviceshare.sandbox import Sandbox, identity
+from deviceshare.sandbox import cluster as sandbox_cluster
 from deviceshare.webhooks import certs, configuration, limits, server
-from tests.operator.conftest import RunningOperator, operator_config, start_operator
+from tests.operator.conftest import RunningOperator, cluster, kube, operator_config, start_operator
 from tests.operator.kube import Kube
 from tests.security import attacks
+from tests.security.operator_attacks import sandbox_options, system
+
+# The operator-alone suites (test_operator_*.py) run on tests/operator's cluster with these two.
+__all__ = ["cluster", "kube", "sandbox_options", "system"]
 
 POLICY = Path(__file__).resolve().parents[2] / "manifests" / "base" / "admission-policy.yaml"
 
@@ -44,7 +49,7 @@ async def sandbox(tmp_path: Path, policy_installed: bool) -> AsyncIterator[Sandb
                "kubeconfig_path": tmp_path / "kubeconfig", "bookmark_interval": 0.1}
     async with Sandbox(**options) as box:  # type: ignore[arg-type]
         if policy_installed:
-            for doc in cluster.load_manifests(POLICY):
+            for doc in sandbox_cluster.load_manifests(POLICY):
                 box.create(doc)
         for ns in attacks.TENANT_NAMESPACES:
             box.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})

@@ -10,7 +10,6 @@ import asyncio
 from typing import Any
 
 from deviceshare.api import names
-from tests.operator.conftest import cluster, kube
 from tests.security.operator_attacks import (
     GPU,
     System,
@@ -18,11 +17,7 @@ from tests.security.operator_attacks import (
     group_status,
     node_of,
     refusal,
-    sandbox_options,
-    system,
 )
-
-__all__ = ["cluster", "kube", "sandbox_options", "system"]
 
 
 async def gpu_quota(system: System, ns: str, hard: int) -> None:

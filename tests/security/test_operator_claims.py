@@ -14,7 +14,6 @@ import json
 import pytest
 
 from deviceshare.api import names
-from tests.operator.conftest import cluster, kube
 from tests.security.operator_attacks import (
     GPU,
     System,
@@ -22,11 +21,7 @@ from tests.security.operator_attacks import (
     group_status,
     node_of,
     refusal,
-    sandbox_options,
-    system,
 )
-
-__all__ = ["cluster", "kube", "sandbox_options", "system"]
 
 
 async def forge(

@@ -8,7 +8,6 @@ import asyncio
 import time
 
 from deviceshare.api import names
-from tests.operator.conftest import cluster, kube
 from tests.security.operator_attacks import (
     ENV,
     GPU,
@@ -17,12 +16,8 @@ from tests.security.operator_attacks import (
     group_status,
     node_of,
     refusal,
-    sandbox_options,
-    system,
     visible_twice,
 )
-
-__all__ = ["cluster", "kube", "sandbox_options", "system"]
 
 SELECTED = names.POD_SELECTED_DEVICES_ANNOTATION
 
