@@ -14,21 +14,9 @@ import dataclasses
 import gc
 import random
 import time
-from collections.abc import Sequence
 
 from benchmarks import bench_core, bench_core_shares
 from deviceshare.core import fgdplacement, inventory, ledger, placement
-
-
-@dataclasses.dataclass
-class _Naive:
-    policy: fgdplacement.FGDPlacement
-    cpu_milli: int
-
-    def choose(
-        self, snapshot: ledger.LedgerSnapshot, request: placement.GroupRequest, feasible: Sequence[ledger.NodeState]
-    ) -> placement.Placement | None:
-        return self.policy.choose(snapshot, request, feasible, self.cpu_milli)
 
 
 def _request(key: tuple[str, str], rng: random.Random, strategy: str) -> tuple[placement.GroupRequest,
@@ -80,7 +68,7 @@ def _churn(strategy: str, nodes: int, gpus: int, decisions: int, naive_every: in
         out["cpu"].append(used)
         if strategy == "fgd" and step % naive_every == 0:
             t0 = clock()
-            reference = placement.place_by_policy(snap, request, pod, _Naive(policy, pod.cpu_milli))
+            reference = placement.place_by_policy(snap, request, pod, policy.naive_for_pod(pod))
             out["naive"].append(clock() - t0)
             if reference != decision:
                 raise AssertionError(f"decision {step}: indexed {decision} but naive {reference}")

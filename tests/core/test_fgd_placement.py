@@ -7,8 +7,7 @@ not fit there at all (not enough GPUs, or not enough CPU left).
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 import hypothesis.strategies as st
 import pytest
@@ -138,19 +137,6 @@ def test_the_start_up_seed_counts_each_group_with_its_first_member_cpu() -> None
     assert hist.weights() == {frag.Shape(3000, 1000, 2, GPU): 1.0, frag.Shape(0, 250, 1, GPU): 2.0}
 
 
-@dataclasses.dataclass
-class _Naive:
-    """fgd offered every feasible node (no index): the reference the indexed walk must agree with."""
-
-    policy: fgdplacement.FGDPlacement
-    cpu_milli: int
-
-    def choose(
-        self, snapshot: ledger.LedgerSnapshot, request: placement.GroupRequest, feasible: Sequence[ledger.NodeState]
-    ) -> placement.Placement | None:
-        return self.policy.choose(snapshot, request, feasible, self.cpu_milli)
-
-
 @settings(max_examples=60, deadline=None)
 @given(
     st.lists(st.tuples(st.integers(1, 4), st.sampled_from([100, 250, 500, 700, 1000]), st.integers(0, 3)),
@@ -170,7 +156,7 @@ def test_every_fgd_choice_is_feasible_and_never_overcommits(groups: list[tuple[i
         request = _request(f"g{i}", count=count, share=share)
         pod = inventory.PodDemand(cpu_milli=cores * 1000)
         snap = book.snapshot()
-        naive = placement.place_by_policy(snap, request, pod, _Naive(policy, pod.cpu_milli))
+        naive = placement.place_by_policy(snap, request, pod, policy.naive_for_pod(pod))
         assert placement.place_by_policy(snap, request, pod, policy.for_pod(pod)) == naive
         got = placement.schedule_group(book, request, pod, policy=policy.for_pod(pod))
         if isinstance(got, placement.Unschedulable):

@@ -193,6 +193,10 @@ class FGDPlacement:
         """The policy for one decision: the group's shape takes its first pod's CPU."""
         return _ForPod(self, pod.cpu_milli)
 
+    def naive_for_pod(self, pod: inventory.PodDemand) -> placements.Policy:
+        """The same decision with every feasible node offered, no index: for tests and the bench."""
+        return _Naive(self, pod.cpu_milli)
+
     def choose(
         self,
         snapshot: ledgers.LedgerSnapshot,
@@ -255,7 +259,9 @@ class FGDPlacement:
 
 
 @dataclass(frozen=True, slots=True)
-class _ForPod:
+class _Naive:
+    """fgd offered every feasible node (no index): the reference the indexed walk must agree with."""
+
     policy: FGDPlacement
     cpu_milli: int
 
@@ -265,6 +271,9 @@ class _ForPod:
     ) -> placements.Placement | None:
         return self.policy.choose(snapshot, request, feasible, self.cpu_milli)
 
+
+@dataclass(frozen=True, slots=True)
+class _ForPod(_Naive):
     def place(
         self, snapshot: ledgers.LedgerSnapshot, request: placements.GroupRequest, pod: inventory.PodDemand,
         fits: Callable[[ledgers.NodeState], bool],
