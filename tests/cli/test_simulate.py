@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from deviceshare import cli
-from deviceshare.core import experiment, traces
+from deviceshare.core import experiment, replay, traces
 
 NODES = """sn,cpu_milli,memory_mib,gpu,model
 n0,32000,131072,4,A
@@ -62,6 +62,10 @@ def test_json_reports_every_policy_at_100_and_130_percent(
             spread = policy["allocated"][load]
             assert 0 < spread["min"] <= spread["median"] <= spread["max"] <= 100
         assert policy["decisions_per_second"] > 0
+        idle = policy["idle"]
+        assert idle["whole_gpus"] >= 0 and idle["crumbs"] >= 0
+        assert 0 <= idle["commonest_crumb"]["share"] <= idle["crumbs"] + 0.01
+        assert 0 <= idle["commonest_crumb"]["free_milli"] < 1000
     again = json.loads(simulate(capsys, *args, "--json")[1])["policies"]
     assert {p: v["allocated"] for p, v in again.items()} == {p: v["allocated"] for p, v in got.items()}
 
@@ -73,6 +77,22 @@ def test_table_names_the_policies(trace: tuple[Path, Path], capsys: pytest.Captu
     assert code == 0
     assert "at 80% load" in out and "at 100% load" not in out
     assert "fgd-fill" in out and "packing" in out
+    assert "idle: whole" in out and "crumbs" in out
+
+
+@pytest.mark.parametrize("policy", ["random", "bestfit", "fgd", "fgd-fill-share"])
+def test_what_is_left_idle_and_what_is_allocated_add_up_to_the_cluster(policy: str) -> None:
+    nodes = traces.parse_nodes(NODES.splitlines(keepends=True))
+    pods = traces.parse_pods(pods_csv(120, seed=9).splitlines(keepends=True))
+    for seed in (42, 43, 44):
+        got = replay.replay(nodes, pods, experiment.POLICIES[policy](pods), seed, 1.3)
+        assert got.capacity_milli == 11_000  # 11 GPUs in NODES
+        assert got.allocated[-1] + got.left.whole_milli + got.left.crumb_milli == got.capacity_milli
+        assert got.left.whole_milli % 1000 == 0
+        assert got.left.crumb_milli == sum(free * n for free, n in got.left.crumbs)
+        assert all(0 < free < 1000 and n > 0 for free, n in got.left.crumbs)
+        sizes = [free * n for free, n in got.left.crumbs]
+        assert sizes == sorted(sizes, reverse=True)
 
 
 @pytest.mark.parametrize(

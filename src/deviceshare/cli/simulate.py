@@ -6,8 +6,10 @@ placement policies, the way the FGD paper's artifact runs its experiment.
 
 Per policy it reports the share of the cluster's GPU capacity allocated (fractional GPUs counted
 by their share) when arrivals reach 100% and the final load (median, min, max over the seeds),
-and decisions per second. Seeds run in parallel processes (``--jobs``). Bad CSVs are reported by
-file and line with exit code 2. The plot needs matplotlib (``pip install 'deviceshare[plot]'``).
+what stays idle at the end (whole GPUs, and *crumbs*: the free share of partly used GPUs, with
+the commonest crumb size), and decisions per second. Seeds run in parallel processes
+(``--jobs``). Bad CSVs are reported by file and line with exit code 2. The plot needs
+matplotlib (``pip install 'deviceshare[plot]'``).
 """
 
 from __future__ import annotations
@@ -129,8 +131,14 @@ def summary(results: dict[str, list[experiment.SeedResult]], points: Sequence[in
             got = experiment.spread(runs, percent)
             allocated[str(percent)] = {"median": round(got.median, 2), "min": round(got.min, 2),
                                        "max": round(got.max, 2)}  # fmt: skip
+        left = experiment.idle(runs)
         out[policy] = {
             "allocated": allocated,
+            "idle": {
+                "whole_gpus": round(left.whole, 2),
+                "crumbs": round(left.crumbs, 2),
+                "commonest_crumb": {"free_milli": left.commonest, "share": round(left.commonest_share, 2)},
+            },
             "decisions_per_second": round(experiment.decisions_per_second(runs)),
             "seeds": len(runs),
         }
@@ -139,15 +147,19 @@ def summary(results: dict[str, list[experiment.SeedResult]], points: Sequence[in
 
 def table(results: dict[str, list[experiment.SeedResult]], points: Sequence[int], nodes: int, pods: int) -> str:
     seeds = len(next(iter(results.values())))
-    head = f"{nodes} nodes, {pods} pods, {seeds} seed(s); GPU share allocated (% of capacity), median [min-max]"
+    head = (f"{nodes} nodes, {pods} pods, {seeds} seed(s); GPU share allocated and idle at the end "
+            "(% of capacity), median [min-max]")  # fmt: skip
     cols = [f"at {p}% load" for p in points]
-    rows = [["policy", *cols, "decisions/s"]]
+    rows = [["policy", *cols, "idle: whole", "crumbs", "commonest crumb", "decisions/s"]]
     for policy, runs in results.items():
         cells = []
         for percent in points:
             got = experiment.spread(runs, percent)
             cells.append(f"{got.median:.1f} [{got.min:.1f}-{got.max:.1f}]")
-        rows.append([policy, *cells, f"{experiment.decisions_per_second(runs):,.0f}"])
+        left = experiment.idle(runs)
+        commonest = f"{left.commonest / 1000:.2f} GPU: {left.commonest_share:.1f}" if left.commonest else "-"
+        rows.append([policy, *cells, f"{left.whole:.1f}", f"{left.crumbs:.1f}", commonest,
+                     f"{experiment.decisions_per_second(runs):,.0f}"])  # fmt: skip
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
              for r in rows]  # fmt: skip

@@ -57,6 +57,8 @@ class SeedResult:
     decisions: int
     placed: int
     seconds: float
+    left: replay.Leftover  # idle GPU at the end of the run
+    capacity_milli: int
 
 
 def run_seed(
@@ -65,7 +67,9 @@ def run_seed(
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r} (known: {', '.join(POLICIES)})")
     got = replay.replay(nodes, pods, POLICIES[policy](pods), seed, ratio)
-    return SeedResult(policy, seed, got.curve(), len(got.arrived), got.placed, got.seconds)
+    return SeedResult(
+        policy, seed, got.curve(), len(got.arrived), got.placed, got.seconds, got.left, got.capacity_milli
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +82,37 @@ class Spread:
 def spread(results: Sequence[SeedResult], percent: int) -> Spread:
     values = [replay.allocated_at(r.curve, percent) for r in results]
     return Spread(statistics.median(values), min(values), max(values))
+
+
+@dataclass(frozen=True, slots=True)
+class Idle:
+    """Median idle GPU at the end, in percent of capacity: whole GPUs, crumbs, and the commonest
+    crumb size over all seeds (free milli) with its median share of capacity."""
+
+    whole: float
+    crumbs: float
+    commonest: int
+    commonest_share: float
+
+
+def idle(results: Sequence[SeedResult]) -> Idle:
+    def pct(milli: int, r: SeedResult) -> float:
+        return 100.0 * milli / r.capacity_milli if r.capacity_milli else 0.0
+
+    per_seed = [dict(r.left.crumbs) for r in results]
+    totals: dict[int, int] = {}
+    for crumbs in per_seed:
+        for free, count in crumbs.items():
+            totals[free] = totals.get(free, 0) + free * count
+    commonest = max(totals, key=lambda f: (totals[f], f), default=0)
+    return Idle(
+        whole=statistics.median(pct(r.left.whole_milli, r) for r in results),
+        crumbs=statistics.median(pct(r.left.crumb_milli, r) for r in results),
+        commonest=commonest,
+        commonest_share=statistics.median(
+            pct(commonest * c.get(commonest, 0), r) for r, c in zip(results, per_seed, strict=True)
+        ),
+    )
 
 
 def decisions_per_second(results: Sequence[SeedResult]) -> float:

@@ -10,16 +10,19 @@ Why a separate engine: the paper's figures come from a simulator whose details d
   leave; one that fits nowhere is dropped but counts as arrived.
 - **Measure**: "allocated at X%" is the GPU milli in use over the cluster's GPU milli, averaged
   over the pods whose arrived GPU request (in percent of capacity) rounds to X.
+- **Leftover**: what the cluster has idle at the end, split into whole idle GPUs and *crumbs* (the
+  free share of partly used GPUs), with the commonest crumb sizes: where a policy loses capacity.
 - **Speed**: decisions go through :class:`nodeclasses.Cluster` (nodes grouped by state, each
   state rated once per pod shape).
 """
 
 from __future__ import annotations
 
+import collections
 import math
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from deviceshare.core import fragmentation as frag
@@ -45,6 +48,29 @@ def arrivals(pods: Sequence[Pod], capacity_milli: int, rng: random.Random, ratio
     return order
 
 
+@dataclass(frozen=True, slots=True)
+class Leftover:
+    """Idle GPU milli at the end of a replay: on fully free GPUs, and on partly used ones."""
+
+    whole_milli: int = 0
+    crumb_milli: int = 0
+    crumbs: tuple[tuple[int, int], ...] = ()  # (free milli, GPUs with that much free), commonest by milli first
+
+
+def leftover(gpus: Iterable[Iterable[int]]) -> Leftover:
+    """The idle GPU of a cluster given each node's per-GPU free milli."""
+    whole = 0
+    sizes: collections.Counter[int] = collections.Counter()
+    for node in gpus:
+        for free in node:
+            if free >= frag.MILLI:
+                whole += free
+            elif free > 0:
+                sizes[free] += 1
+    ranked = sorted(sizes.items(), key=lambda kv: (-kv[0] * kv[1], -kv[0]))
+    return Leftover(whole, sum(free * count for free, count in ranked), tuple(ranked))
+
+
 @dataclass(slots=True)
 class Replay:
     capacity_milli: int
@@ -52,6 +78,7 @@ class Replay:
     allocated: list[int] = field(default_factory=list)  # GPU milli in use after each pod
     placed: int = 0
     seconds: float = 0.0  # time spent deciding
+    left: Leftover = field(default_factory=Leftover)  # idle GPU once every pod has arrived
 
     def curve(self) -> dict[int, float]:
         """Arrived load (percent of GPU capacity, rounded) -> GPU share in use (percent), averaged
@@ -110,4 +137,5 @@ def replay(
         result.allocated.append(allocated)
         if on_pod is not None:
             on_pod(step, len(sequence))
+    result.left = leftover(cluster.gpu)
     return result
