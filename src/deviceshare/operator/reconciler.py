@@ -163,12 +163,11 @@ class GroupReconciler:
         conditions = statuses.condition(
             conditions, names.CONDITION_SCHEDULED, "False", "NodeLost", why, group.generation
         )
-        body = await self.ctx.api.patch_group_status(
+        self.ctx.state.keep(await self.ctx.api.patch_group_status(
             group.key,
             {"phase": names.PHASE_PENDING, "nodeName": None, **statuses.allocated_fields(None),
              "conditions": conditions},
-        )
-        self.ctx.state.upsert_group(state_.group_record(body))
+        ))
         self.ctx.ledger.release(group.key)
         self.ctx.event(group, "NodeLost", f"{why}; devices released, the group will be placed again", warning=True)
         return True
@@ -214,12 +213,9 @@ class GroupReconciler:
             )
 
     async def _set_finalizers(self, group: state_.GroupRecord, finalizers: list[str]) -> state_.GroupRecord:
-        body = await self.ctx.api.set_group_finalizers(
+        return self.ctx.state.keep(await self.ctx.api.set_group_finalizers(
             group.key, finalizers, resource_version=group.resource_version
-        )
-        record = state_.group_record(body)
-        self.ctx.state.upsert_group(record)
-        return record
+        ))
 
     def _forget_conflicts(self, gkey: state_.GroupKey) -> None:
         """A released group no longer contests anything: its former rivals' conditions clear."""
@@ -312,10 +308,10 @@ class GroupReconciler:
             ctx.event(group, "NodeLost", f"{node_lost}; devices stay held while a member still runs there",
                       warning=True)
         try:
-            body = await ctx.api.patch_group_status(gkey, desired)
+            written = await ctx.api.patch_group_status(gkey, desired)
         except storage.Gone:
             return
-        ctx.state.upsert_group(state_.group_record(body))
+        ctx.state.keep(written)
 
 
 def skipped_webhook(pods: list[state_.PodRecord], scheduler_name: str) -> list[state_.PodRecord]:

@@ -25,9 +25,6 @@ import dataclasses
 import enum
 import logging
 import time
-from typing import Any
-
-import kopf
 
 from deviceshare.api import names
 from deviceshare.core import ledger as ledgers
@@ -92,9 +89,9 @@ class PodScheduler:
                 return Outcome(Result.SKIPPED)
             try:
                 outcome = await self._schedule_locked(pod, pod.group_key)
-            except kopf.TemporaryError as e:
+            except storage.RetryLater as e:
                 self.ctx.metrics.api_retries.inc()
-                return Outcome(Result.RETRY, str(e), retry_after=e.delay or 1.0)
+                return Outcome(Result.RETRY, str(e), retry_after=e.delay)
             except storage.Conflict as e:
                 self.ctx.metrics.api_conflicts.inc()
                 return Outcome(Result.RETRY, str(e), retry_after=0.2)
@@ -115,13 +112,11 @@ class PodScheduler:
     async def _schedule_locked(self, pod: state_.PodRecord, gkey: state_.GroupKey) -> Outcome:
         ctx = self.ctx
         group = ctx.state.groups.get(gkey)
-        if group is None:
-            # Pods and groups come on separate watches: a pod often arrives before its group (the webhook
-            # let it in because the group exists). Ask the API once before calling the pod unschedulable.
-            body = await ctx.api.get_group_if_exists(gkey)
-            if body is not None:
-                ctx.state.upsert_group(state_.group_record(body))
-                group = ctx.state.groups.get(gkey)
+        # Pods and groups come on separate watches: a pod often arrives before its group (the webhook
+        # let it in because the group exists). Ask the API once before calling the pod unschedulable.
+        if group is None and (read := await ctx.api.read_group_if_exists(gkey)) is not None:
+            ctx.state.keep(read)
+            group = ctx.state.groups.get(gkey)
         if group is None:
             return Outcome(Result.UNSCHEDULABLE, f'SharedDeviceGroup "{gkey[1]}" not found in namespace "{gkey[0]}"')
         if group.deleting:
@@ -152,11 +147,9 @@ class PodScheduler:
             if names.GROUP_FINALIZER not in group.finalizers:
                 # Before the group claims anything: a deletion from here on waits for us (Releasing), even
                 # one that comes before the reconciler would have got round to adding the finalizer.
-                body = await ctx.api.set_group_finalizers(
+                marked = ctx.state.keep(await ctx.api.set_group_finalizers(
                     gkey, [*group.finalizers, names.GROUP_FINALIZER], resource_version=group.resource_version
-                )
-                marked = state_.group_record(body)
-                ctx.state.upsert_group(marked)
+                ))
                 if marked.deleting or marked.spec != spec:
                     return Outcome(Result.RETRY, "the group changed while its finalizer was added", retry_after=0.05)
                 group = dataclasses.replace(group, resource_version=marked.resource_version,
@@ -175,12 +168,12 @@ class PodScheduler:
             ctx.fgd.observe(request, pod.demand.cpu_milli)  # every group placed shapes fgd's target workload
             allocation = decided
             try:
-                body = await self._persist(group, allocation)
+                persisted = await self._persist(group, allocation)
             except BaseException:
                 ctx.ledger.release(gkey)
                 raise
             allocation = ctx.ledger.commit(gkey)
-            ctx.state.upsert_group(state_.group_record(body))
+            ctx.state.keep(persisted)
             ctx.unschedulable.pop(gkey, None)
         else:
             if allocation.state is not ledgers.AllocationState.COMMITTED:
@@ -233,7 +226,7 @@ class PodScheduler:
         )
         return Outcome(Result.BOUND, node=allocation.node)
 
-    async def _persist(self, group: state_.GroupRecord, allocation: ledgers.Allocation) -> dict[str, Any]:
+    async def _persist(self, group: state_.GroupRecord, allocation: ledgers.Allocation) -> state_.GroupRecord:
         """Write the allocation into the group's status, conditional on what we last saw of the group."""
         current = group
         # The members too (pending ones count, as in every status write): the status is then already
@@ -260,7 +253,7 @@ class PodScheduler:
                 )
             except storage.Conflict:
                 self.ctx.metrics.api_conflicts.inc()
-                current = state_.group_record(await self.ctx.api.get_group(group.key))
+                current = await self.ctx.api.read_group(group.key)
                 if current.uid != group.uid or current.deleting or current.spec != group.spec:
                     raise
                 self.ctx.state.upsert_group(current)
@@ -279,8 +272,7 @@ class PodScheduler:
             ),
         }
         try:
-            body = await self.ctx.api.patch_group_status(gkey, status)
-            self.ctx.state.upsert_group(state_.group_record(body))
+            self.ctx.state.keep(await self.ctx.api.patch_group_status(gkey, status))
         except storage.Gone:
             pass
         except Exception:
