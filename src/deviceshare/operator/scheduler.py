@@ -16,8 +16,9 @@ so the API never shows a claim the ledger has already given away.
 Whether the pod may join at all is the core's decision (:func:`deviceshare.core.joining.verdict`: the
 group is missing, deleting, invalid, conflicted or full; the pod fails the webhook's member rules); the
 steps here only act on it. Nothing on the pod is taken on trust: the group name is checked before it is
-used anywhere, and the member rules run again because a pod annotated after creation never met the webhook. A binding the API refuses (400/403/422) is reported on the pod and retried with backoff;
-only a 404 or a 409 (deleted, another uid, bound by someone else) means the pod is not ours to place.
+used anywhere, and the member rules run again because a pod annotated after creation never met the
+webhook. A binding the API refuses (400/403/422) is reported on the pod and retried with backoff; only a
+404 or a 409 (deleted, another uid, bound by someone else) means the pod is not ours to place.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from . import quotas, statuses, storage
 from . import state as state_
 from .context import Context
 
-logger = logging.getLogger("deviceshare.operator.scheduler")
+logger = logging.getLogger(__name__)
 
 
 class Result(enum.Enum):
@@ -109,23 +110,24 @@ class PodScheduler:
     async def _schedule_locked(self, pod: state_.PodRecord, gkey: state_.GroupKey) -> Outcome:
         """The cycle, top-down: may it join; the group's devices (placing it if none); one write; outcome."""
         group = await self._group(gkey)
+        held = self.ctx.ledger.allocation(gkey)
         verdict = joining.verdict(
             gkey, group, containers=pod.containers, env_names=self.ctx.config.env_names,
-            conflicting_with=self.ctx.conflicts.get(gkey, ()), allocation=self.ctx.ledger.allocation(gkey),
+            conflicting_with=self.ctx.conflicts.get(gkey, ()), allocation=held,
             running_others=lambda: sum(p.key != pod.key for p in self.ctx.state.members_on_devices(gkey)),
         )
         if isinstance(verdict, joining.Refuse):
             return Outcome(Result.UNSCHEDULABLE, verdict.message)
         if isinstance(verdict, joining.Wait):
             return Outcome(Result.RETRY, verdict.message, retry_after=verdict.retry_after)
-        assert group is not None and group.spec is not None  # what Join means
-        if verdict.places_group:
+        assert group is not None and group.spec is not None  # what a Join implies (for mypy)
+        if held is None:  # verdict.places_group
             devices = await self._place_group(pod, group, group.spec)
         else:
-            devices = self._room_for_member(pod, self.ctx.ledger.allocation(gkey))
+            devices = self._room_for_member(pod, held)
         if isinstance(devices, Outcome):
             return devices
-        return await self._bind(pod, group, devices, fresh=verdict.places_group)
+        return await self._bind(pod, group, devices, fresh=held is None)
 
     async def _group(self, gkey: state_.GroupKey) -> state_.GroupRecord | None:
         group = self.ctx.state.groups.get(gkey)
@@ -137,10 +139,9 @@ class PodScheduler:
         return group
 
     def _room_for_member(
-        self, pod: state_.PodRecord, allocation: ledgers.Allocation | None
+        self, pod: state_.PodRecord, allocation: ledgers.Allocation
     ) -> ledgers.Allocation | Outcome:
         """A later member goes where its group is, if that node still has room for the pod itself."""
-        assert allocation is not None  # joining.Join(places_group=False): the ledger holds the group
         problem = placement.check_member(self.ctx.ledger, allocation.node, pod.demand)
         if problem is not None:
             return Outcome(Result.UNSCHEDULABLE, f"group is on node {allocation.node}: {problem.message()}")
