@@ -7,12 +7,8 @@ scheduling decision itself.
 API exceptions are converted here, once, into errors by intent: ``Conflict`` (stale resourceVersion or
 a precondition failed: re-read and retry), ``Gone`` (the object no longer exists), ``Invalid`` (the API
 refused the write: 400/403/415/422, the same write retried at once would be refused again) and
-``RetryLater`` for the rest (retry with backoff). They are the project's own: Kopf never sees them (the
-scheduler and the reconciler catch them), so nothing here depends on it.
-
-Group reads and writes answer with the parsed :class:`~.state.GroupRecord` (the one parser,
-:func:`~.state.group_record`), so a caller keeps the API's answer with one call (``state.keep``);
-only the raw ``get_group`` stays, for the runtime's audit.
+``RetryLater`` for the rest (retry with backoff): our own, since Kopf never sees them. Group reads and
+writes answer with the parsed record (:class:`~.state.GroupRecord`), kept with ``ClusterState.keep``.
 
 Every name in a path is URL-quoted: names come from annotations a pod's owner writes, and a name such as
 ``../shareddevicegroups?watch=true`` must stay one path segment, not become another request.
@@ -152,7 +148,7 @@ class ClusterApi:
         return list(data.get("items") or [])
 
     async def get_group(self, key: GroupKey) -> dict[str, Any]:
-        """The raw body (the runtime's audit compares uids; everything else uses :meth:`read_group`)."""
+        """The raw body, for the runtime's audit; everything else uses :meth:`read_group`."""
         data: dict[str, Any] = await self._call("GET", _group_path(key), f"get shareddevicegroup {key[0]}/{key[1]}")
         return data
 
