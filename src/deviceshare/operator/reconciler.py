@@ -155,20 +155,7 @@ class GroupReconciler:
 
     async def _release_lost(self, group: state_.GroupRecord, why: str) -> bool:
         """The node is gone or NotReady and nothing runs there: Pending again, status first then ledger."""
-        conditions = statuses.condition(
-            statuses.wire_conditions(group.status.conditions), names.CONDITION_NODE_LOST, "True", "NodeLost",
-            f"{why}; no member was running there, so the devices were released and the group will be "
-            "placed again", group.generation,
-        )
-        conditions = statuses.condition(
-            conditions, names.CONDITION_SCHEDULED, "False", "NodeLost", why, group.generation
-        )
-        body = await self.ctx.api.patch_group_status(
-            group.key,
-            {"phase": names.PHASE_PENDING, "nodeName": None, **statuses.allocated_fields(None),
-             "conditions": conditions},
-        )
-        self.ctx.state.upsert_group(state_.group_record(body))
+        self.ctx.state.keep(await self.ctx.api.patch_group_status(group.key, statuses.node_lost(group, why)))
         self.ctx.ledger.release(group.key)
         self.ctx.event(group, "NodeLost", f"{why}; devices released, the group will be placed again", warning=True)
         return True
@@ -214,12 +201,9 @@ class GroupReconciler:
             )
 
     async def _set_finalizers(self, group: state_.GroupRecord, finalizers: list[str]) -> state_.GroupRecord:
-        body = await self.ctx.api.set_group_finalizers(
+        return self.ctx.state.keep(await self.ctx.api.set_group_finalizers(
             group.key, finalizers, resource_version=group.resource_version
-        )
-        record = state_.group_record(body)
-        self.ctx.state.upsert_group(record)
-        return record
+        ))
 
     def _forget_conflicts(self, gkey: state_.GroupKey) -> None:
         """A released group no longer contests anything: its former rivals' conditions clear."""
@@ -250,72 +234,25 @@ class GroupReconciler:
                 self._request_later(gkey, first_seen + ctx.config.new_group_grace - now)
                 return
         self._new_groups.pop(gkey, None)
-        conditions = statuses.wire_conditions(group.status.conditions)
-        gen = group.generation
-
-        if allocation is not None:
-            phase = phase or names.PHASE_BOUND
-            scheduled = ("True", "Bound", f"placed on node {allocation.node} with "
-                         f"{statuses.describe_allocation(allocation)}")
-        elif gkey in ctx.unschedulable:
-            phase = phase or names.PHASE_PENDING
-            scheduled = ("False", "Unschedulable", ctx.unschedulable[gkey])
-        elif skipped:
-            phase = phase or names.PHASE_PENDING
-            scheduled = ("False", "PodsSkippedWebhook", skipped_message(skipped, ctx.config.scheduler_name))
-        else:
-            phase = phase or names.PHASE_PENDING
-            scheduled = ("False", "WaitingForMembers",
-                         "no member pod is waiting; the group is placed when its first pod is scheduled")
-        conds = statuses.condition(conditions, names.CONDITION_SCHEDULED, *scheduled, gen)
-        if node_lost:
-            conds = statuses.condition(
-                conds, names.CONDITION_NODE_LOST, "True", "NodeLost",
-                f"{node_lost}; devices stay held while a member still runs there", gen,
-            )
-        else:
-            conds = statuses.without_condition(conds, names.CONDITION_NODE_LOST)
-        if gkey in ctx.conflicts:
-            others = ", ".join(f"{ns}/{n}" for ns, n in sorted(ctx.conflicts[gkey]))
-            conds = statuses.condition(
-                conds, names.CONDITION_CONFLICT, "True", "DevicesClaimedTwice",
-                f"devices of this group are also claimed by {others}", gen,
-            )
-        else:
-            conds = statuses.without_condition(conds, names.CONDITION_CONFLICT)
-
-        # Not a pod the pre-bind member check refuses: its annotation names the group, but it is no member.
-        listed = statuses.listed_members(live, group.spec, ctx.config.env_names)
-        desired: dict[str, Any] = {
-            "phase": phase,
-            "nodeName": allocation.node if allocation else None,
-            **statuses.allocated_fields(allocation),
-            "members": [p.name for p in listed],
-            "memberCount": len(listed),
-            "observedGeneration": gen,
-            "conditions": conds,
-        }
-        current = group.status
-        unchanged = (
-            current.phase == desired["phase"]
-            and current.node_name == desired["nodeName"]
-            and (current.allocated_devices or None) == desired["allocatedDevices"]
-            and (current.allocated_tiles or None) == desired["allocatedTiles"]
-            and current.members == desired["members"]
-            and current.member_count == desired["memberCount"]
-            and current.observed_generation == gen
-            and statuses.same_conditions(conds, conditions)
+        skipped_why = skipped_message(skipped, ctx.config.scheduler_name) if skipped else None
+        desired = statuses.reconciled(
+            group, allocation, phase=phase,
+            scheduled=statuses.scheduled(allocation, unschedulable=ctx.unschedulable.get(gkey), skipped=skipped_why),
+            node_lost=node_lost, conflicting_with=ctx.conflicts.get(gkey, ()),
+            # Not a pod the pre-bind member check refuses: its annotation names the group, but it is no member.
+            members=statuses.member_names(ctx.state, group, ctx.config.env_names),
         )
-        if unchanged:
+        current = group.status
+        if statuses.unchanged(current, desired):
             return
         if node_lost and not any(c.type == names.CONDITION_NODE_LOST for c in current.conditions):
             ctx.event(group, "NodeLost", f"{node_lost}; devices stay held while a member still runs there",
                       warning=True)
         try:
-            body = await ctx.api.patch_group_status(gkey, desired)
+            written = await ctx.api.patch_group_status(gkey, desired)
         except storage.Gone:
             return
-        ctx.state.upsert_group(state_.group_record(body))
+        ctx.state.keep(written)
 
 
 def skipped_webhook(pods: list[state_.PodRecord], scheduler_name: str) -> list[state_.PodRecord]:

@@ -13,10 +13,12 @@ A failure before step 2 completes releases the reservation. If the pod that plac
 before binding, the group's status is put back to Pending first and only then are the devices released,
 so the API never shows a claim the ledger has already given away.
 
-Nothing on the pod is taken on trust: the group name is checked before it is used anywhere, and the pod
-must pass the same member rules as the webhook applies at CREATE (a pod annotated after creation never
-met the webhook). A binding the API refuses (400/403/422) is reported on the pod and retried with backoff;
-only a 404 or a 409 (deleted, another uid, bound by someone else) means the pod is not ours to place.
+Whether the pod may join at all is the core's decision (:func:`deviceshare.core.joining.verdict`: the
+group is missing, deleting, invalid, conflicted or full; the pod fails the webhook's member rules); the
+steps here only act on it. Nothing on the pod is taken on trust: the group name is checked before it is
+used anywhere, and the member rules run again because a pod annotated after creation never met the
+webhook. A binding the API refuses (400/403/422) is reported on the pod and retried with backoff; only a
+404 or a 409 (deleted, another uid, bound by someone else) means the pod is not ours to place.
 """
 
 from __future__ import annotations
@@ -25,20 +27,17 @@ import dataclasses
 import enum
 import logging
 import time
-from typing import Any
 
-import kopf
-
-from deviceshare.api import names
+from deviceshare.api import models, names
+from deviceshare.core import budget as budget_
+from deviceshare.core import joining, placement
 from deviceshare.core import ledger as ledgers
-from deviceshare.core import members as member_rules
-from deviceshare.core import placement
 
 from . import quotas, statuses, storage
 from . import state as state_
 from .context import Context
 
-logger = logging.getLogger("deviceshare.operator.scheduler")
+logger = logging.getLogger(__name__)
 
 
 class Result(enum.Enum):
@@ -74,17 +73,13 @@ class PodScheduler:
         pod = self.ctx.state.pods.get(key)
         if pod is None or not self.is_ours(pod):
             return Outcome(Result.SKIPPED)
-        if pod.group is not None and not pod.group_valid:
-            # Before any use: the name goes into API paths, locks and status (a name like
-            # "../shareddevicegroups?watch=true" once turned a GET into a collection watch).
-            problem = member_rules.group_name_problem(pod.group)
-            return Outcome(Result.UNSCHEDULABLE, problem or "invalid group name")
-        if pod.group_key is None:
-            return Outcome(
-                Result.UNSCHEDULABLE,
-                f"pod has no {names.POD_GROUP_ANNOTATION} annotation; "
-                f"{self.ctx.config.scheduler_name} only schedules members of a SharedDeviceGroup",
-            )
+        if pod.group_key is None or (pod.group is not None and not pod.group_valid):
+            # Before any use: the name goes into API paths, locks and statuses.
+            refused = joining.name_refusal(pod.group, self.ctx.config.scheduler_name)
+            if refused is not None:
+                return Outcome(Result.UNSCHEDULABLE, refused.message)
+        if pod.group_key is None:  # a well-formed name always gives a key: only to say so to mypy
+            return Outcome(Result.SKIPPED)
         started = time.perf_counter()
         async with self.ctx.locks.hold(pod.group_key):
             pod = self.ctx.state.pods.get(key)  # it may have changed while we waited
@@ -92,9 +87,9 @@ class PodScheduler:
                 return Outcome(Result.SKIPPED)
             try:
                 outcome = await self._schedule_locked(pod, pod.group_key)
-            except kopf.TemporaryError as e:
+            except storage.RetryLater as e:
                 self.ctx.metrics.api_retries.inc()
-                return Outcome(Result.RETRY, str(e), retry_after=e.delay or 1.0)
+                return Outcome(Result.RETRY, str(e), retry_after=e.delay)
             except storage.Conflict as e:
                 self.ctx.metrics.api_conflicts.inc()
                 return Outcome(Result.RETRY, str(e), retry_after=0.2)
@@ -113,91 +108,123 @@ class PodScheduler:
         return outcome
 
     async def _schedule_locked(self, pod: state_.PodRecord, gkey: state_.GroupKey) -> Outcome:
-        ctx = self.ctx
-        group = ctx.state.groups.get(gkey)
-        if group is None:
-            # Pods and groups come on separate watches: a pod often arrives before its group (the webhook
-            # let it in because the group exists). Ask the API once before calling the pod unschedulable.
-            body = await ctx.api.get_group_if_exists(gkey)
-            if body is not None:
-                ctx.state.upsert_group(state_.group_record(body))
-                group = ctx.state.groups.get(gkey)
-        if group is None:
-            return Outcome(Result.UNSCHEDULABLE, f'SharedDeviceGroup "{gkey[1]}" not found in namespace "{gkey[0]}"')
-        if group.deleting:
-            return Outcome(Result.UNSCHEDULABLE, f'SharedDeviceGroup "{gkey[1]}" is being deleted')
-        if group.spec is None:
-            return Outcome(
-                Result.UNSCHEDULABLE, f'SharedDeviceGroup "{gkey[1]}" has an invalid spec: {group.spec_error}'
-            )
-        spec = group.spec
-        env = ctx.config.env_names.for_group(spec)  # visibility, and a share's limits (CONTRACT §7)
-        refused = next(member_rules.conflicts(pod.containers, spec.resources, env), None)
-        if refused is not None:
-            # The webhook denies such a pod at CREATE; this one never met it (annotated after creation).
-            return Outcome(Result.UNSCHEDULABLE, f"pod did not pass admission for SharedDeviceGroup "
-                                                 f'"{gkey[1]}": {refused}')
-        if gkey in ctx.conflicts:
-            others = ", ".join(f"{ns}/{n}" for ns, n in sorted(ctx.conflicts[gkey]))
-            return Outcome(
-                Result.UNSCHEDULABLE,
-                f'SharedDeviceGroup "{gkey[1]}" holds devices also claimed by {others}; '
-                "no new member is placed until the conflict is resolved",
-            )
-
-        allocation = ctx.ledger.allocation(gkey)
-        fresh = allocation is None
-        if allocation is None:
-            budget = await quotas.read(self.quotas, ctx.api, gkey[0])  # checked below, after the last await
-            if names.GROUP_FINALIZER not in group.finalizers:
-                # Before the group claims anything: a deletion from here on waits for us (Releasing), even
-                # one that comes before the reconciler would have got round to adding the finalizer.
-                body = await ctx.api.set_group_finalizers(
-                    gkey, [*group.finalizers, names.GROUP_FINALIZER], resource_version=group.resource_version
-                )
-                marked = state_.group_record(body)
-                ctx.state.upsert_group(marked)
-                if marked.deleting or marked.spec != spec:
-                    return Outcome(Result.RETRY, "the group changed while its finalizer was added", retry_after=0.05)
-                group = dataclasses.replace(group, resource_version=marked.resource_version,
-                                            finalizers=marked.finalizers)
-            # No await from here to the reservation: another group of the namespace cannot slip in between.
-            over = quotas.refusal(ctx.ledger, gkey, dict(spec.resources), budget)
-            if over is not None:
-                ctx.unschedulable[gkey] = over
-                return Outcome(Result.UNSCHEDULABLE, over)
-            request = placement.GroupRequest.from_spec(gkey, spec)
-            policy = ctx.fgd.for_pod(pod.demand) if spec.scheduling_strategy == "fgd" else None
-            decided = placement.schedule_group(ctx.ledger, request, pod.demand, policy=policy)
-            if isinstance(decided, placement.Unschedulable):
-                ctx.unschedulable[gkey] = decided.message()
-                return Outcome(Result.UNSCHEDULABLE, decided.message())
-            ctx.fgd.observe(request, pod.demand.cpu_milli)  # every group placed shapes fgd's target workload
-            allocation = decided
-            try:
-                body = await self._persist(group, allocation)
-            except BaseException:
-                ctx.ledger.release(gkey)
-                raise
-            allocation = ctx.ledger.commit(gkey)
-            ctx.state.upsert_group(state_.group_record(body))
-            ctx.unschedulable.pop(gkey, None)
+        """The cycle, top-down: may it join; the group's devices (placing it if none); one write; outcome."""
+        group = await self._group(gkey)
+        held = self.ctx.ledger.allocation(gkey)
+        verdict = joining.verdict(
+            gkey, group, containers=pod.containers, env_names=self.ctx.config.env_names,
+            conflicting_with=self.ctx.conflicts.get(gkey, ()), allocation=held,
+            running_others=lambda: sum(p.key != pod.key for p in self.ctx.state.members_on_devices(gkey)),
+        )
+        if isinstance(verdict, joining.Refuse):
+            return Outcome(Result.UNSCHEDULABLE, verdict.message)
+        if isinstance(verdict, joining.Wait):
+            return Outcome(Result.RETRY, verdict.message, retry_after=verdict.retry_after)
+        assert group is not None and group.spec is not None  # what a Join implies (for mypy)
+        if held is None:  # verdict.places_group
+            devices = await self._place_group(pod, group, group.spec)
         else:
-            if allocation.state is not ledgers.AllocationState.COMMITTED:
-                return Outcome(Result.RETRY, "group placement in flight", retry_after=0.1)
-            limit = spec.max_members
-            if limit:
-                placed = [p for p in ctx.state.members_on_devices(gkey) if p.key != pod.key]
-                if len(placed) >= limit:
-                    return Outcome(
-                        Result.UNSCHEDULABLE,
-                        f'SharedDeviceGroup "{gkey[1]}" already has {len(placed)} running member(s), '
-                        f"its maxMembers is {limit}",
-                    )
-            problem = placement.check_member(ctx.ledger, allocation.node, pod.demand)
-            if problem is not None:
-                return Outcome(Result.UNSCHEDULABLE, f"group is on node {allocation.node}: {problem.message()}")
+            devices = self._room_for_member(pod, held)
+        if isinstance(devices, Outcome):
+            return devices
+        return await self._bind(pod, group, devices, fresh=held is None)
 
+    async def _group(self, gkey: state_.GroupKey) -> state_.GroupRecord | None:
+        group = self.ctx.state.groups.get(gkey)
+        # Pods and groups come on separate watches: a pod often arrives before its group (the webhook
+        # let it in because the group exists). Ask the API once before calling the pod unschedulable.
+        if group is None and (read := await self.ctx.api.read_group_if_exists(gkey)) is not None:
+            self.ctx.state.keep(read)
+            group = self.ctx.state.groups.get(gkey)
+        return group
+
+    def _room_for_member(
+        self, pod: state_.PodRecord, allocation: ledgers.Allocation
+    ) -> ledgers.Allocation | Outcome:
+        """A later member goes where its group is, if that node still has room for the pod itself."""
+        problem = placement.check_member(self.ctx.ledger, allocation.node, pod.demand)
+        if problem is not None:
+            return Outcome(Result.UNSCHEDULABLE, f"group is on node {allocation.node}: {problem.message()}")
+        return allocation
+
+    async def _place_group(
+        self, pod: state_.PodRecord, group: state_.GroupRecord, spec: models.GroupSpec
+    ) -> ledgers.Allocation | Outcome:
+        """The group's first pod places it: finalizer, quota, decision, then persist in the group's status."""
+        budget = await quotas.read(self.quotas, self.ctx.api, group.key[0])  # checked after the last await
+        marked = await self._ensure_finalizer(group, spec)
+        if marked is None:
+            return Outcome(Result.RETRY, "the group changed while its finalizer was added", retry_after=0.05)
+        # No await from here to the reservation: another group of the namespace cannot slip in between.
+        decided = self._reserve(pod, marked, spec, budget)
+        if isinstance(decided, str):
+            self.ctx.unschedulable[group.key] = decided
+            return Outcome(Result.UNSCHEDULABLE, decided)
+        try:
+            persisted = await self._persist(marked, decided)
+        except BaseException:
+            self.ctx.ledger.release(group.key)
+            raise
+        allocation = self.ctx.ledger.commit(group.key)
+        self.ctx.state.keep(persisted)
+        self.ctx.unschedulable.pop(group.key, None)
+        return allocation
+
+    async def _ensure_finalizer(
+        self, group: state_.GroupRecord, spec: models.GroupSpec
+    ) -> state_.GroupRecord | None:
+        """Before the group claims anything: a deletion from here on waits for us (Releasing), even one that
+        comes before the reconciler would have got round to adding the finalizer. None: the group changed."""
+        if names.GROUP_FINALIZER in group.finalizers:
+            return group
+        marked = self.ctx.state.keep(await self.ctx.api.set_group_finalizers(
+            group.key, [*group.finalizers, names.GROUP_FINALIZER], resource_version=group.resource_version
+        ))
+        if marked.deleting or marked.spec != spec:
+            return None
+        return dataclasses.replace(group, resource_version=marked.resource_version, finalizers=marked.finalizers)
+
+    def _reserve(
+        self, pod: state_.PodRecord, group: state_.GroupRecord, spec: models.GroupSpec, budget: list[budget_.Quota]
+    ) -> ledgers.Allocation | str:
+        """Quota, then the core's decision, reserved in the ledger; or why the group cannot be placed."""
+        ctx = self.ctx
+        over = quotas.refusal(ctx.ledger, group.key, dict(spec.resources), budget)
+        if over is not None:
+            return over
+        request = placement.GroupRequest.from_spec(group.key, spec)
+        policy = ctx.fgd.for_pod(pod.demand) if spec.scheduling_strategy == "fgd" else None
+        decided = placement.schedule_group(ctx.ledger, request, pod.demand, policy=policy)
+        if isinstance(decided, placement.Unschedulable):
+            return decided.message()
+        ctx.fgd.observe(request, pod.demand.cpu_milli)  # every group placed shapes fgd's target workload
+        return decided
+
+    async def _persist(self, group: state_.GroupRecord, allocation: ledgers.Allocation) -> state_.GroupRecord:
+        """Write the allocation into the group's status, conditional on what we last saw of the group."""
+        current = group
+        # Pending members count too (statuses.member_names): the status is then already right once they
+        # are bound, and no second write follows this one.
+        members = statuses.member_names(self.ctx.state, group, self.ctx.config.env_names)
+        for _ in range(5):
+            try:
+                return await self.ctx.api.patch_group_status(
+                    group.key, statuses.bound(current, allocation, members), resource_version=current.resource_version
+                )
+            except storage.Conflict:
+                self.ctx.metrics.api_conflicts.inc()
+                current = await self.ctx.api.read_group(group.key)
+                if current.uid != group.uid or current.deleting or current.spec != group.spec:
+                    raise
+                self.ctx.state.keep(current)
+        raise storage.Conflict(f"status of shareddevicegroup {group.key[0]}/{group.key[1]} kept changing")
+
+    async def _bind(
+        self, pod: state_.PodRecord, group: state_.GroupRecord, allocation: ledgers.Allocation, *, fresh: bool
+    ) -> Outcome:
+        """Annotate-and-bind in one write; a group placed for this pod alone is rolled back if it fails."""
+        ctx = self.ctx
+        gkey = group.key
         node = ctx.ledger.node(allocation.node)
         annotations = statuses.allocation_annotations(allocation, ctx.config.env_names, node)
         try:
@@ -206,22 +233,26 @@ class PodScheduler:
         except (storage.Gone, storage.Conflict) as e:
             # Deleted, recreated under the same name (another uid), or bound by someone else: not ours now.
             logger.info("pod %s/%s not bound: %s", *pod.key, e)
-            if fresh and not ctx.state.members_on_devices(gkey):
-                await self._roll_back(gkey, "the pod that placed the group went away before it was bound")
+            await self._roll_back_alone(gkey, fresh, "the pod that placed the group went away before it was bound")
             return Outcome(Result.SKIPPED, str(e))
         except storage.Invalid as e:
             # Refused (an admission policy, RBAC, validation): the pod is still ours and still Pending.
             logger.warning("binding pod %s/%s refused: %s", *pod.key, e)
-            if fresh and not ctx.state.members_on_devices(gkey):
-                await self._roll_back(gkey, "the API server refused the binding of the first member")
+            await self._roll_back_alone(gkey, fresh, "the API server refused the binding of the first member")
             return Outcome(Result.REFUSED, f"the API server refused the binding to {allocation.node}: {e}")
         except BaseException:
-            if fresh and not ctx.state.members_on_devices(gkey):
-                await self._roll_back(gkey, "binding the first member failed; the group will be placed again")
+            await self._roll_back_alone(gkey, fresh, "binding the first member failed; the group will be placed again")
             raise
+        self._assume(pod, group, allocation, annotations, fresh=fresh)
+        return Outcome(Result.BOUND, node=allocation.node)
 
-        # Seen as bound right away, so the next member counts it before the watch event arrives.
-        ctx.state.assume(pod, allocation.node, annotations, gkey[1])
+    def _assume(
+        self, pod: state_.PodRecord, group: state_.GroupRecord, allocation: ledgers.Allocation,
+        annotations: dict[str, str], *, fresh: bool,
+    ) -> None:
+        """Seen as bound right away, so the next member counts it before the watch event arrives."""
+        ctx = self.ctx
+        ctx.state.assume(pod, allocation.node, annotations, group.name)
         ctx.ledger.account_pod(pod.key, allocation.node, pod.demand.cpu_milli, pod.demand.memory_bytes)
         devices = statuses.describe_allocation(allocation)
         if fresh:
@@ -229,58 +260,19 @@ class PodScheduler:
         ctx.event(
             pod, "Scheduled",
             f"Successfully assigned {pod.key[0]}/{pod.key[1]} to {allocation.node} with {devices} "
-            f'(SharedDeviceGroup "{gkey[1]}")',
+            f'(SharedDeviceGroup "{group.name}")',
         )
-        return Outcome(Result.BOUND, node=allocation.node)
 
-    async def _persist(self, group: state_.GroupRecord, allocation: ledgers.Allocation) -> dict[str, Any]:
-        """Write the allocation into the group's status, conditional on what we last saw of the group."""
-        current = group
-        # The members too (pending ones count, as in every status write): the status is then already
-        # right once they are bound, and no second write follows this one.
-        live = self.ctx.state.live_members(group.key)
-        members = [p.name for p in statuses.listed_members(live, group.spec, self.ctx.config.env_names)]
-        for _ in range(5):
-            status = {
-                "phase": names.PHASE_BOUND,
-                "members": members,
-                "memberCount": len(members),
-                "nodeName": allocation.node,
-                **statuses.allocated_fields(allocation),
-                "observedGeneration": current.generation,
-                "conditions": statuses.condition(
-                    statuses.wire_conditions(current.status.conditions), names.CONDITION_SCHEDULED, "True", "Bound",
-                    f"placed on node {allocation.node} with {statuses.describe_allocation(allocation)}",
-                    current.generation,
-                ),
-            }
-            try:
-                return await self.ctx.api.patch_group_status(
-                    group.key, status, resource_version=current.resource_version
-                )
-            except storage.Conflict:
-                self.ctx.metrics.api_conflicts.inc()
-                current = state_.group_record(await self.ctx.api.get_group(group.key))
-                if current.uid != group.uid or current.deleting or current.spec != group.spec:
-                    raise
-                self.ctx.state.upsert_group(current)
-        raise storage.Conflict(f"status of shareddevicegroup {group.key[0]}/{group.key[1]} kept changing")
+    async def _roll_back_alone(self, gkey: state_.GroupKey, fresh: bool, why: str) -> None:
+        """A group placed for a pod that did not get bound is un-placed, unless another member runs on it."""
+        if fresh and not self.ctx.state.members_on_devices(gkey):
+            await self._roll_back(gkey, why)
 
     async def _roll_back(self, gkey: state_.GroupKey, why: str) -> None:
         """Un-place a group none of whose pods got bound: status first, then the ledger."""
         group = self.ctx.state.groups.get(gkey)
-        status = {
-            "phase": names.PHASE_PENDING,
-            "nodeName": None,
-            **statuses.allocated_fields(None),
-            "conditions": statuses.condition(
-                statuses.wire_conditions(group.status.conditions) if group else [],
-                names.CONDITION_SCHEDULED, "False", "RolledBack", why,
-            ),
-        }
         try:
-            body = await self.ctx.api.patch_group_status(gkey, status)
-            self.ctx.state.upsert_group(state_.group_record(body))
+            self.ctx.state.keep(await self.ctx.api.patch_group_status(gkey, statuses.rolled_back(group, why)))
         except storage.Gone:
             pass
         except Exception:

@@ -240,6 +240,12 @@ class ClusterState:
         self.groups[group.key] = group
         return True
 
+    def keep(self, group: GroupRecord) -> GroupRecord:
+        """Write-through: keep the API's answer to our own read or write of a group (unless an event newer
+        than that answer got here first) and hand it back to the caller, who acts on what the API said."""
+        self.upsert_group(group)
+        return group
+
     def upsert_pod(self, pod: PodRecord) -> PodRecord | None:
         record = self._bound.get(pod.key)
         if record is not None:

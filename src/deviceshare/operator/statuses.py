@@ -1,11 +1,18 @@
-"""Pure builders of what the operator writes: group status bodies, conditions and pod annotations."""
+"""Pure builders of what the operator writes: group status bodies, conditions and pod annotations.
+
+Every SharedDeviceGroup status the operator writes is built here, by one typed function per occasion:
+:func:`bound` (a placement), :func:`rolled_back` (a placement undone before its first pod was bound),
+:func:`node_lost` (devices released from a lost node) and :func:`reconciled` (the reconciler's view of
+everything else). The scheduler and the reconciler list members the same way, :func:`member_names`, so
+the placement's write is already what the reconciler would write once the pod is bound.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from typing import Any, NamedTuple, TypedDict
 
-from deviceshare.api import envnames, models, podannotations
+from deviceshare.api import envnames, models, names, podannotations
 from deviceshare.core import inventory
 from deviceshare.core import ledger as ledgers
 from deviceshare.core import members as member_rules
@@ -32,16 +39,6 @@ def allocation_annotations(
     return podannotations.member_annotations(
         allocation.devices, env_names, allocation.share, allocation.tiles, node.devices if node else None
     )
-
-
-def allocated_fields(allocation: ledgers.Allocation | None) -> dict[str, Any]:
-    """``allocatedDevices`` and ``allocatedTiles`` of a group's status (None removes them)."""
-    if allocation is None:
-        return {"allocatedDevices": None, "allocatedTiles": None}
-    return {
-        "allocatedDevices": {r: list(ids) for r, ids in sorted(allocation.devices.items())},
-        "allocatedTiles": {r: list(ids) for r, ids in sorted(allocation.tiles.items())} or None,
-    }
 
 
 def describe_devices(devices: Mapping[str, Sequence[str]]) -> str:
@@ -124,3 +121,166 @@ def listed_members(
         p for p in pods
         if p.member_of is not None or next(member_rules.conflicts(p.containers, spec.resources, env), None) is None
     ]
+
+
+# -- group status bodies ------------------------------------------------------------------------------
+
+class StatusPatch(TypedDict, total=False):
+    """A merge patch of a SharedDeviceGroup's status (CONTRACT §1); ``None`` removes a field."""
+
+    phase: str
+    nodeName: str | None
+    allocatedDevices: dict[str, list[str]] | None
+    allocatedTiles: dict[str, list[str]] | None
+    members: list[str]
+    memberCount: int
+    observedGeneration: int
+    conditions: list[dict[str, Any]]
+
+
+class Scheduled(NamedTuple):
+    """The ``Scheduled`` condition's status, reason and message."""
+
+    status: str
+    reason: str
+    message: str
+
+
+def member_names(cluster: state_.ClusterState, group: state_.GroupRecord, env_names: envnames.EnvNames) -> list[str]:
+    """``status.members``: the group's live pods that :func:`listed_members` counts, pending ones included.
+
+    The scheduler's placement write and the reconciler's writes both list them this way, so the status is
+    right as soon as the placing pod is bound and no second write follows the placement."""
+    return [p.name for p in listed_members(cluster.live_members(group.key), group.spec, env_names)]
+
+
+def scheduled(
+    allocation: ledgers.Allocation | None, *, unschedulable: str | None = None, skipped: str | None = None
+) -> Scheduled:
+    """Held devices say Bound; otherwise the last reason it could not be placed, or pods the webhook
+    never saw (``skipped``), or that it waits for its first pod."""
+    if allocation is not None:
+        return Scheduled("True", "Bound", f"placed on node {allocation.node} with {describe_allocation(allocation)}")
+    if unschedulable is not None:
+        return Scheduled("False", "Unschedulable", unschedulable)
+    if skipped is not None:
+        return Scheduled("False", "PodsSkippedWebhook", skipped)
+    return Scheduled("False", "WaitingForMembers",
+                     "no member pod is waiting; the group is placed when its first pod is scheduled")
+
+
+def bound(group: state_.GroupRecord, allocation: ledgers.Allocation, members: list[str]) -> StatusPatch:
+    """A placement: Bound on the allocation's node, with its members (see :func:`member_names`)."""
+    return {
+        "phase": names.PHASE_BOUND,
+        "members": members,
+        "memberCount": len(members),
+        "nodeName": allocation.node,
+        "allocatedDevices": _devices(allocation),
+        "allocatedTiles": _tiles(allocation),
+        "observedGeneration": group.generation,
+        "conditions": condition(
+            wire_conditions(group.status.conditions), names.CONDITION_SCHEDULED, *scheduled(allocation),
+            group.generation,
+        ),
+    }
+
+
+def rolled_back(group: state_.GroupRecord | None, why: str) -> StatusPatch:
+    """A placement undone before any of its pods was bound: Pending, no node, no devices."""
+    return {
+        "phase": names.PHASE_PENDING,
+        "nodeName": None,
+        "allocatedDevices": None,
+        "allocatedTiles": None,
+        "conditions": condition(
+            wire_conditions(group.status.conditions) if group else [],
+            names.CONDITION_SCHEDULED, "False", "RolledBack", why,
+        ),
+    }
+
+
+def node_lost(group: state_.GroupRecord, why: str) -> StatusPatch:
+    """The group's node is gone or NotReady and nothing ran there: devices released, Pending again."""
+    conditions = condition(
+        wire_conditions(group.status.conditions), names.CONDITION_NODE_LOST, "True", "NodeLost",
+        f"{why}; no member was running there, so the devices were released and the group will be "
+        "placed again", group.generation,
+    )
+    return {
+        "phase": names.PHASE_PENDING,
+        "nodeName": None,
+        "allocatedDevices": None,
+        "allocatedTiles": None,
+        "conditions": condition(conditions, names.CONDITION_SCHEDULED, "False", "NodeLost", why, group.generation),
+    }
+
+
+def reconciled(
+    group: state_.GroupRecord,
+    allocation: ledgers.Allocation | None,
+    *,
+    phase: str | None,
+    scheduled: Scheduled,
+    node_lost: str | None,
+    conflicting_with: Collection[state_.GroupKey],
+    members: list[str],
+) -> StatusPatch:
+    """The whole status as the ledger and the pods say it should be. ``phase`` overrides Bound/Pending
+    (Releasing); ``node_lost``: why the node that holds the devices is lost while a member still runs
+    there; ``conflicting_with``: the other groups that claim some of its devices."""
+    gen = group.generation
+    conds = condition(wire_conditions(group.status.conditions), names.CONDITION_SCHEDULED, *scheduled, gen)
+    if node_lost:
+        conds = condition(
+            conds, names.CONDITION_NODE_LOST, "True", "NodeLost",
+            f"{node_lost}; devices stay held while a member still runs there", gen,
+        )
+    else:
+        conds = without_condition(conds, names.CONDITION_NODE_LOST)
+    if conflicting_with:
+        others = ", ".join(f"{ns}/{n}" for ns, n in sorted(conflicting_with))
+        conds = condition(
+            conds, names.CONDITION_CONFLICT, "True", "DevicesClaimedTwice",
+            f"devices of this group are also claimed by {others}", gen,
+        )
+    else:
+        conds = without_condition(conds, names.CONDITION_CONFLICT)
+    return {
+        "phase": phase or (names.PHASE_BOUND if allocation is not None else names.PHASE_PENDING),
+        "nodeName": allocation.node if allocation else None,
+        "allocatedDevices": _devices(allocation),
+        "allocatedTiles": _tiles(allocation),
+        "members": members,
+        "memberCount": len(members),
+        "observedGeneration": gen,
+        "conditions": conds,
+    }
+
+
+def unchanged(current: models.GroupStatus, desired: StatusPatch) -> bool:
+    """Whether writing ``desired`` (a :func:`reconciled` body) would change nothing a user could see."""
+    return (
+        current.phase == desired.get("phase")
+        and current.node_name == desired.get("nodeName")
+        and (current.allocated_devices or None) == desired.get("allocatedDevices")
+        and (current.allocated_tiles or None) == desired.get("allocatedTiles")
+        and current.members == desired.get("members")
+        and current.member_count == desired.get("memberCount")
+        and current.observed_generation == desired.get("observedGeneration")
+        and same_conditions(desired.get("conditions", []), wire_conditions(current.conditions))
+    )
+
+
+def _devices(allocation: ledgers.Allocation | None) -> dict[str, list[str]] | None:
+    """``allocatedDevices`` (None removes it)."""
+    if allocation is None:
+        return None
+    return {r: list(ids) for r, ids in sorted(allocation.devices.items())}
+
+
+def _tiles(allocation: ledgers.Allocation | None) -> dict[str, list[str]] | None:
+    """``allocatedTiles``, only for groups given tiles (None removes it)."""
+    if allocation is None:
+        return None
+    return {r: list(ids) for r, ids in sorted(allocation.tiles.items())} or None

@@ -7,7 +7,8 @@ scheduling decision itself.
 API exceptions are converted here, once, into errors by intent: ``Conflict`` (stale resourceVersion or
 a precondition failed: re-read and retry), ``Gone`` (the object no longer exists), ``Invalid`` (the API
 refused the write: 400/403/415/422, the same write retried at once would be refused again) and
-``kopf.TemporaryError`` for the rest (retry with backoff).
+``RetryLater`` for the rest (retry with backoff): our own, since Kopf never sees them. Group reads and
+writes answer with the parsed record (:class:`~.state.GroupRecord`), kept with ``ClusterState.keep``.
 
 Every name in a path is URL-quoted: names come from annotations a pod's owner writes, and a name such as
 ``../shareddevicegroups?watch=true`` must stay one path segment, not become another request.
@@ -19,16 +20,17 @@ import datetime
 import functools
 import logging
 import secrets
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import quote
 
 import aiohttp
-import kopf
 from kubernetes_asyncio import client as k8s
 
 from deviceshare.api import names
 from deviceshare.kube import rest, watching
+
+from . import state as state_
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +53,15 @@ class Invalid(Exception):
     """400/403/415/422: the API refused what we sent (validation, admission, RBAC); not a transient error."""
 
 
+class RetryLater(Exception):
+    """Anything else (5xx, 429, a timeout, a dropped connection): the same request may work after ``delay``
+    seconds (the server's ``Retry-After`` on a 429)."""
+
+    def __init__(self, message: str, delay: float = 1.0) -> None:
+        super().__init__(message)
+        self.delay = delay
+
+
 def now_rfc3339() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -67,7 +78,7 @@ def _translate(status: int, message: str, headers: Mapping[str, str] | None, wha
     retry_after = (headers or {}).get("Retry-After", "")
     if status == 429 and retry_after.isdigit():
         delay = float(retry_after)
-    return kopf.TemporaryError(text, delay=delay or 1.0)
+    return RetryLater(text, delay=delay or 1.0)
 
 
 class ClusterApi:
@@ -122,7 +133,7 @@ class ClusterApi:
         except rest.ApiError as e:
             raise _translate(e.status, e.message, e.headers, what) from e
         except (aiohttp.ClientError, TimeoutError) as e:
-            raise kopf.TemporaryError(f"{what}: {e!r}", delay=1.0) from e
+            raise RetryLater(f"{what}: {e!r}", delay=1.0) from e
 
     # -- reads ---------------------------------------------------------------------------------
 
@@ -137,6 +148,7 @@ class ClusterApi:
         return list(data.get("items") or [])
 
     async def get_group(self, key: GroupKey) -> dict[str, Any]:
+        """The raw body, for the runtime's audit; everything else uses :meth:`read_group`."""
         data: dict[str, Any] = await self._call("GET", _group_path(key), f"get shareddevicegroup {key[0]}/{key[1]}")
         return data
 
@@ -145,6 +157,14 @@ class ClusterApi:
             return await self.get_group(key)
         except Gone:
             return None
+
+    async def read_group(self, key: GroupKey) -> state_.GroupRecord:
+        """The group as the API shows it now (``Gone`` if it does not exist)."""
+        return state_.group_record(await self.get_group(key))
+
+    async def read_group_if_exists(self, key: GroupKey) -> state_.GroupRecord | None:
+        body = await self.get_group_if_exists(key)
+        return None if body is None else state_.group_record(body)
 
     async def get_pod(self, key: PodKey) -> dict[str, Any] | None:
         """The pod as the API shows it now; None if it does not exist."""
@@ -187,7 +207,7 @@ class ClusterApi:
 
     async def patch_group_status(
         self, key: GroupKey, status: Mapping[str, Any], *, resource_version: str | None = None
-    ) -> dict[str, Any]:
+    ) -> state_.GroupRecord:
         """Merge-patch our status fields; with ``resource_version`` the write is conditional (409 if stale)."""
         body: dict[str, Any] = {"status": dict(status)}
         if resource_version:
@@ -196,18 +216,18 @@ class ClusterApi:
             "PATCH", _group_path(key) + "/status", f"patch status of shareddevicegroup {key[0]}/{key[1]}",
             body, content_type=MERGE_PATCH,
         )
-        return data
+        return state_.group_record(data)
 
     async def set_group_finalizers(
-        self, key: GroupKey, finalizers: list[str], *, resource_version: str
-    ) -> dict[str, Any]:
+        self, key: GroupKey, finalizers: Sequence[str], *, resource_version: str
+    ) -> state_.GroupRecord:
         """Replace the finalizer list, conditional on resourceVersion so no one else's entry is lost."""
-        body = {"metadata": {"finalizers": finalizers, "resourceVersion": resource_version}}
+        body = {"metadata": {"finalizers": list(finalizers), "resourceVersion": resource_version}}
         data: dict[str, Any] = await self._call(
             "PATCH", _group_path(key), f"patch finalizers of shareddevicegroup {key[0]}/{key[1]}",
             body, content_type=MERGE_PATCH,
         )
-        return data
+        return state_.group_record(data)
 
     # -- pod writes ----------------------------------------------------------------------------
 
