@@ -106,18 +106,17 @@ class GroupReconciler:
         if names.GROUP_FINALIZER not in group.finalizers:
             group = await self._set_finalizers(group, [*group.finalizers, names.GROUP_FINALIZER])
 
-        released = False
         node_lost: str | None = None
         if allocation is not None:
             node_lost = self._node_lost(allocation.node)
             if node_lost and not on_devices:
-                released = await self._release_lost(group, node_lost)
-                allocation = None
-            else:
-                await self._restore_pod_annotations(gkey, allocation, on_devices)
+                # The release wrote the status (Pending, NodeLost saying why); writing it again from the
+                # record read before would wipe that reason until the group is placed again.
+                return await self._release_lost(group, node_lost)
+            await self._restore_pod_annotations(gkey, allocation, on_devices)
 
-        await self._write_status(group, node_lost=node_lost if allocation is not None else None)
-        return released
+        await self._write_status(group, node_lost=node_lost)
+        return False
 
     def _node_lost(self, name: str) -> str | None:
         node = self.ctx.ledger.node(name)

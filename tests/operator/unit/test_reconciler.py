@@ -73,6 +73,10 @@ async def test_a_group_whose_node_is_lost_is_released_once_nothing_runs_there() 
     )
     status = h.api.groups[G]["status"]
     assert status["phase"] == "Pending" and "nodeName" not in status and "allocatedDevices" not in status
+    # ...and the reason stays on the group until it is placed again (no second write wiping it).
+    assert [w.verb for w in h.api.writes] == ["status"]
+    assert conditions(h)[names.CONDITION_NODE_LOST]["status"] == "True"
+    assert conditions(h)[names.CONDITION_SCHEDULED]["reason"] == "NodeLost"
     assert ("g", "NodeLost", "node n1 no longer exists; devices released, the group will be placed again") \
         in await h.events()
 
