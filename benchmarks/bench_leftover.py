@@ -36,7 +36,8 @@ def run(quick: bool) -> str:
             at = experiment.spread(results[policy], 130).median
             rows.append(
                 f"| `{name}` | {policy} | {at:.2f} | {left.whole:.2f} | {left.crumbs:.2f} | "
-                f"{left.commonest / 1000:.2f} GPU: {left.commonest_share:.2f} |"
+                f"{left.commonest / 1000:.2f} GPU: {left.commonest_share:.2f} | "
+                f"{left.stranded:.2f} | {left.unfit:.2f} |"
             )
         fgd, ours = (experiment.idle(results[p]) for p in ("fgd", "fgd-fill-share"))
         idle_fgd = 100 - experiment.spread(results["fgd"], 130).median
@@ -46,19 +47,22 @@ def run(quick: bool) -> str:
             f"`{name}`: FGD leaves {idle_fgd:.2f} pt idle; {fgd.commonest_share:.2f} pt are "
             f"{fgd.commonest / 1000:.2f}-GPU crumbs, which only pods of at most that share can fill, and those "
             f"bring at most {fill:.2f} pt at 130% load (they are {_share_of_pods(pods, fgd.commonest):.1f}% of the "
-            f"list): a policy that wasted nothing else would gain at most {room:.2f} pt; fgd-fill-share "
-            f"leaves {ours.whole:.2f} pt whole GPUs idle (FGD {fgd.whole:.2f})."
+            f"list): a policy that wasted nothing else would gain at most {room:.2f} pt. Stranded by CPU or memory: "
+            f"FGD {fgd.stranded:.2f} pt, fgd-fill-share {ours.stranded:.2f} pt; whole GPUs idle: FGD {fgd.whole:.2f} "
+            f"pt, fgd-fill-share {ours.whole:.2f} pt."
         )
     command = "python -m benchmarks.run --only leftover" + (" --quick" if quick else "")
     return f"""## Idle capacity at the end of the FGD experiment
 
 `benchmarks/bench_leftover.py`: the replay of `bench_fgd` (same code path), {seeds} seeds (42..{41 + seeds}),
 loads to 130%; what stays idle once every pod has arrived, in percent of the cluster's GPU capacity
-(medians over the seeds): whole idle GPUs, *crumbs* (free share of partly used GPUs), and the commonest
-crumb size with its share (median). `deviceshare simulate` prints the same columns.
+(medians over the seeds): whole idle GPUs, *crumbs* (free share of partly used GPUs), the commonest
+crumb size with its share (median), and, cutting across both, idle GPU *stranded* (a one-GPU pod of the
+list fits it by share and model, but not its node's free CPU or memory) and idle GPU that *fits no pod*
+of the list at all. `deviceshare simulate` prints the same columns.
 
-| list | policy | at 130% | idle whole GPUs | crumbs | commonest crumb |
-|---|---|---:|---:|---:|---:|
+| list | policy | at 130% | idle whole GPUs | crumbs | commonest crumb | stranded by CPU/memory | fits no pod |
+|---|---|---:|---:|---:|---:|---:|---:|
 {chr(10).join(rows)}
 
 {chr(10).join("- " + n for n in notes)}

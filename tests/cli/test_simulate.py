@@ -66,6 +66,7 @@ def test_json_reports_every_policy_at_100_and_130_percent(
         assert idle["whole_gpus"] >= 0 and idle["crumbs"] >= 0
         assert 0 <= idle["commonest_crumb"]["share"] <= idle["crumbs"] + 0.01
         assert 0 <= idle["commonest_crumb"]["free_milli"] < 1000
+        assert idle["stranded_by_cpu_or_memory"] >= 0 and idle["fits_no_pod"] >= 0
     again = json.loads(simulate(capsys, *args, "--json")[1])["policies"]
     assert {p: v["allocated"] for p, v in again.items()} == {p: v["allocated"] for p, v in got.items()}
 
@@ -89,6 +90,7 @@ def test_what_is_left_idle_and_what_is_allocated_add_up_to_the_cluster(policy: s
         assert got.capacity_milli == 11_000  # 11 GPUs in NODES
         assert got.allocated[-1] + got.left.whole_milli + got.left.crumb_milli == got.capacity_milli
         assert got.left.whole_milli % 1000 == 0
+        assert got.left.stranded_milli + got.left.unfit_milli <= got.left.whole_milli + got.left.crumb_milli
         assert got.left.crumb_milli == sum(free * n for free, n in got.left.crumbs)
         assert all(0 < free < 1000 and n > 0 for free, n in got.left.crumbs)
         sizes = [free * n for free, n in got.left.crumbs]

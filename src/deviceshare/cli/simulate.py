@@ -7,7 +7,8 @@ placement policies, the way the FGD paper's artifact runs its experiment.
 Per policy it reports the share of the cluster's GPU capacity allocated (fractional GPUs counted
 by their share) when arrivals reach 100% and the final load (median, min, max over the seeds),
 what stays idle at the end (whole GPUs, and *crumbs*: the free share of partly used GPUs, with
-the commonest crumb size), and decisions per second. Seeds run in parallel processes
+the commonest crumb size; idle GPU *stranded* by its node's CPU or memory; idle GPU that *fits no
+pod* of the list), and decisions per second. Seeds run in parallel processes
 (``--jobs``). Bad CSVs are reported by file and line with exit code 2. The plot needs
 matplotlib (``pip install 'deviceshare[plot]'``).
 """
@@ -137,6 +138,8 @@ def summary(results: dict[str, list[experiment.SeedResult]], points: Sequence[in
             "idle": {
                 "whole_gpus": round(left.whole, 2),
                 "crumbs": round(left.crumbs, 2),
+                "stranded_by_cpu_or_memory": round(left.stranded, 2),
+                "fits_no_pod": round(left.unfit, 2),
                 "commonest_crumb": {"free_milli": left.commonest, "share": round(left.commonest_share, 2)},
             },
             "decisions_per_second": round(experiment.decisions_per_second(runs)),
@@ -150,7 +153,7 @@ def table(results: dict[str, list[experiment.SeedResult]], points: Sequence[int]
     head = (f"{nodes} nodes, {pods} pods, {seeds} seed(s); GPU share allocated and idle at the end "
             "(% of capacity), median [min-max]")  # fmt: skip
     cols = [f"at {p}% load" for p in points]
-    rows = [["policy", *cols, "idle: whole", "crumbs", "commonest crumb", "decisions/s"]]
+    rows = [["policy", *cols, "idle: whole", "crumbs", "commonest crumb", "stranded", "fits no pod", "decisions/s"]]
     for policy, runs in results.items():
         cells = []
         for percent in points:
@@ -158,8 +161,8 @@ def table(results: dict[str, list[experiment.SeedResult]], points: Sequence[int]
             cells.append(f"{got.median:.1f} [{got.min:.1f}-{got.max:.1f}]")
         left = experiment.idle(runs)
         commonest = f"{left.commonest / 1000:.2f} GPU: {left.commonest_share:.1f}" if left.commonest else "-"
-        rows.append([policy, *cells, f"{left.whole:.1f}", f"{left.crumbs:.1f}", commonest,
-                     f"{experiment.decisions_per_second(runs):,.0f}"])  # fmt: skip
+        rows.append([policy, *cells, f"{left.whole:.1f}", f"{left.crumbs:.1f}", commonest, f"{left.stranded:.1f}",
+                     f"{left.unfit:.1f}", f"{experiment.decisions_per_second(runs):,.0f}"])  # fmt: skip
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
              for r in rows]  # fmt: skip

@@ -86,11 +86,14 @@ def spread(results: Sequence[SeedResult], percent: int) -> Spread:
 
 @dataclass(frozen=True, slots=True)
 class Idle:
-    """Median idle GPU at the end, in percent of capacity: whole GPUs, crumbs, and the commonest
-    crumb size over all seeds (free milli) with its median share of capacity."""
+    """Median idle GPU at the end, in percent of capacity: whole GPUs, crumbs, the commonest crumb
+    size over all seeds (free milli) with its median share, idle GPU stranded by CPU or memory, and
+    idle GPU no pod of the list fits (see :class:`replay.Leftover`)."""
 
     whole: float
     crumbs: float
+    stranded: float
+    unfit: float
     commonest: int
     commonest_share: float
 
@@ -108,6 +111,8 @@ def idle(results: Sequence[SeedResult]) -> Idle:
     return Idle(
         whole=statistics.median(pct(r.left.whole_milli, r) for r in results),
         crumbs=statistics.median(pct(r.left.crumb_milli, r) for r in results),
+        stranded=statistics.median(pct(r.left.stranded_milli, r) for r in results),
+        unfit=statistics.median(pct(r.left.unfit_milli, r) for r in results),
         commonest=commonest,
         commonest_share=statistics.median(
             pct(commonest * c.get(commonest, 0), r) for r, c in zip(results, per_seed, strict=True)

@@ -11,7 +11,8 @@ Why a separate engine: the paper's figures come from a simulator whose details d
 - **Measure**: "allocated at X%" is the GPU milli in use over the cluster's GPU milli, averaged
   over the pods whose arrived GPU request (in percent of capacity) rounds to X.
 - **Leftover**: what the cluster has idle at the end, split into whole idle GPUs and *crumbs* (the
-  free share of partly used GPUs), with the commonest crumb sizes: where a policy loses capacity.
+  free share of partly used GPUs), with the commonest crumb sizes, the idle GPU stranded by its
+  node's CPU or memory, and the crumbs too small for any pod of the list: where capacity is lost.
 - **Speed**: decisions go through :class:`nodeclasses.Cluster` (nodes grouped by state, each
   state rated once per pod shape).
 """
@@ -22,7 +23,7 @@ import collections
 import math
 import random
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from deviceshare.core import fragmentation as frag
@@ -50,25 +51,45 @@ def arrivals(pods: Sequence[Pod], capacity_milli: int, rng: random.Random, ratio
 
 @dataclass(frozen=True, slots=True)
 class Leftover:
-    """Idle GPU milli at the end of a replay: on fully free GPUs, and on partly used ones."""
+    """Idle GPU milli at the end of a replay: on fully free GPUs, and on partly used ones (crumbs).
+
+    ``stranded_milli`` (whole or crumb) is idle GPU that a one-GPU pod of the list would fit by
+    GPU share and model but not by its node's free CPU or memory; ``unfit_milli`` idle GPU that no
+    pod of the list fits at all (too small a crumb, or a model no pod may use).
+    """
 
     whole_milli: int = 0
     crumb_milli: int = 0
     crumbs: tuple[tuple[int, int], ...] = ()  # (free milli, GPUs with that much free), commonest by milli first
+    stranded_milli: int = 0
+    unfit_milli: int = 0
 
 
-def leftover(gpus: Iterable[Iterable[int]]) -> Leftover:
-    """The idle GPU of a cluster given each node's per-GPU free milli."""
-    whole = 0
+def leftover(cluster: Cluster, pods: Sequence[Pod]) -> Leftover:
+    """What ``cluster`` has idle, judged against the pods of the list (one-GPU pods, by GPU share,
+    model, CPU and memory)."""
+    needs = sorted({(p.shape.gpu_milli, p.shape.cpu_milli, p.memory_mib, p.shape.gpu_spec)
+                    for p in pods if p.shape.num_gpu == 1})  # fmt: skip
+    models = {n.model for n in cluster.nodes}
+    by_model = {m: [(g, c, mem) for g, c, mem, spec in needs if not spec or m in spec.split("|")] for m in models}
+    smallest = {m: rows[0][0] if rows else frag.MILLI + 1 for m, rows in by_model.items()}
+    whole = stranded = unfit = 0
     sizes: collections.Counter[int] = collections.Counter()
-    for node in gpus:
-        for free in node:
+    for node, gpus in enumerate(cluster.gpu):
+        model, cpu, mem = cluster.nodes[node].model, cluster.cpu[node], cluster.mem[node]
+        for free in gpus:
+            if free <= 0:
+                continue
             if free >= frag.MILLI:
                 whole += free
-            elif free > 0:
+            else:
                 sizes[free] += 1
+            if free < smallest[model]:
+                unfit += free
+            elif not any(g <= free and c <= cpu and m <= mem for g, c, m in by_model[model]):
+                stranded += free
     ranked = sorted(sizes.items(), key=lambda kv: (-kv[0] * kv[1], -kv[0]))
-    return Leftover(whole, sum(free * count for free, count in ranked), tuple(ranked))
+    return Leftover(whole, sum(free * count for free, count in ranked), tuple(ranked), stranded, unfit)
 
 
 @dataclass(slots=True)
@@ -137,5 +158,5 @@ def replay(
         result.allocated.append(allocated)
         if on_pod is not None:
             on_pod(step, len(sequence))
-    result.left = leftover(cluster.gpu)
+    result.left = leftover(cluster, pods)
     return result
