@@ -27,10 +27,11 @@ from typing import Any, Protocol
 from deviceshare.api import names
 from deviceshare.core import ledger as ledgers
 
-from . import reconcileloop, statuses, storage
 from . import state as state_
+from . import statuses, storage
 from .context import Context
 from .queueing import ReconcileQueue
+from .reconcileloop import ReconcileLoop
 
 logger = logging.getLogger("deviceshare.operator.reconciler")
 
@@ -56,9 +57,7 @@ class GroupReconciler:
 
     async def run(self, *, released: Callable[[], object]) -> None:
         """Reconcile due groups until cancelled, retrying failures with backoff (see reconcileloop.py)."""
-        loop = reconcileloop.ReconcileLoop(
-            self.ctx, self, self._queue, released=released, concurrency=self.ctx.config.workers
-        )
+        loop = ReconcileLoop(self.ctx, self, self._queue, released=released, concurrency=self.ctx.config.workers)
         await loop.run()
 
     async def reconcile(self, gkey: state_.GroupKey) -> bool:
