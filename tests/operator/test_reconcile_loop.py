@@ -42,9 +42,12 @@ class FakeApi:
         self.version = 100
         self.reads: list[tuple[str, str]] = []
         self.gone: set[tuple[str, str]] = set()
+        self.down = False  # every read fails as an unreachable API server's would
 
     async def get_group(self, key: tuple[str, str]) -> dict[str, Any]:
         self.reads.append(key)
+        if self.down:
+            raise OSError("connection refused")
         if key in self.gone:
             raise storage.Gone("404")
         self.version += 1
@@ -163,6 +166,18 @@ async def test_a_conflict_on_a_group_deleted_since_forgets_it(running: Callable[
     h.queue.request(A)
     await asyncio.wait_for(fake.done.wait(), 5)
     assert A not in h.ctx.state.groups
+
+
+@pytest.mark.looptime
+async def test_a_conflict_whose_read_again_fails_is_still_retried(running: Callable[[FakeReconciler], Harness]) -> None:
+    fake = FakeReconciler({A: [storage.Conflict("409"), storage.Conflict("409")]})
+    h = running(fake)
+    h.ctx.state.upsert_group(state.group_record(group_body(A, 1)))
+    h.api.down = True
+    h.queue.request(A)
+    await asyncio.wait_for(fake.done.wait(), 5)
+    assert len(fake.calls[A]) == 3 and h.api.reads == [A, A]
+    assert h.ctx.state.groups[A].resource_version == "1"  # nothing better was known
 
 
 @pytest.mark.looptime
