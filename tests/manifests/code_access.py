@@ -4,7 +4,7 @@
   in ``operator/storage.py``; the method and the (f-string) path of each call are read from the AST
   and mapped to (apiGroup, resource, verb) as the API server's authorizer would.
 - Kopf, for the operator: the resources its registered handlers watch (from a real registry filled
-  by ``operator.handlers.register``), plus what Kopf itself needs in the mode ``operator/process.py``
+  by ``operator.handlers.register``), plus what Kopf itself needs in the mode ``operator/handlers.py``
   starts it in (cluster-wide or not, standalone or peering, read from the ``kopf.operator(...)`` call):
   the CRD watch, event posting, the peering object unless standalone; and namespaces only when it is not
   cluster-wide (kopf's ``_core/reactor/observation.py`` skips the namespace scan when cluster-wide).
@@ -31,7 +31,7 @@ from deviceshare.operator.config import OperatorConfig
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "deviceshare"
 STORAGE = SRC / "operator" / "storage.py"
-COMMAND = SRC / "operator" / "process.py"
+COMMAND = SRC / "operator" / "handlers.py"  # where kopf.operator(...) is called
 WEBHOOK_CACHE = SRC / "webhooks" / "groups.py"
 
 _VERB_BY_METHOD = {"POST": "create", "PATCH": "patch", "PUT": "update", "DELETE": "delete"}
@@ -181,7 +181,7 @@ def kopf_is_standalone() -> bool:
 
 
 def kopf_needs(*, peering: bool | None = None) -> set[Access]:
-    """Kopf's needs; ``peering`` defaults to what ``process.py`` starts it with (not standalone)."""
+    """Kopf's needs; ``peering`` defaults to what ``handlers.run`` starts it with (not standalone)."""
     peering = not kopf_is_standalone() if peering is None else peering
     registry = kopf.OperatorRegistry()
     handlers.register(registry, OperatorConfig())

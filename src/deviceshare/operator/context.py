@@ -1,13 +1,17 @@
-"""Everything the scheduler and the reconciler share, created once at start-up (kept in Kopf's memo)."""
+"""Everything the scheduler, the reconciler and the intake share: created once at start-up by ``startup.py``.
+
+The cluster's picture (ledger, records) is swapped wholesale in one place only, :meth:`Context.adopt`, by the
+rebuild; everything else a :class:`Context` holds is set once. Background event posting lives here too.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import dataclasses
 import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager
+from typing import Final
 
 from deviceshare.core import fgdplacement
 from deviceshare.core import ledger as ledgers
@@ -50,26 +54,73 @@ class GroupLocks:
         return iter(self._locks)
 
 
-@dataclasses.dataclass
 class Context:
-    config: OperatorConfig
-    api: storage.ClusterApi
-    ledger: ledgers.DeviceLedger = dataclasses.field(default_factory=ledgers.DeviceLedger)
-    state: state_.ClusterState = dataclasses.field(default_factory=state_.ClusterState)
-    metrics: metrics_.Metrics = dataclasses.field(default_factory=metrics_.Metrics)
-    locks: GroupLocks = dataclasses.field(default_factory=GroupLocks)
-    # The last reason each Pending group could not be placed, shown in its Scheduled condition.
-    unschedulable: dict[state_.GroupKey, str] = dataclasses.field(default_factory=dict)
-    # Groups whose devices are also claimed by another group (found at rebuild): key -> other holders.
-    conflicts: dict[state_.GroupKey, set[state_.GroupKey]] = dataclasses.field(default_factory=dict)
-    # Events are posted in the background so a slow API never holds a group lock; repeats are counted.
-    # schedulingStrategy fgd: the policy and its target workload, learned from the groups placed.
-    fgd: fgdplacement.FGDPlacement = dataclasses.field(default_factory=fgdplacement.FGDPlacement)
-    recorder: events_.EventRecorder = dataclasses.field(default_factory=events_.EventRecorder)
-    background: set[asyncio.Task[None]] = dataclasses.field(default_factory=set)
-    _events: collections.deque[tuple[state_.PodRecord | state_.GroupRecord, str, str, bool]] = dataclasses.field(
-        default_factory=collections.deque
-    )
+    """What the scheduler, the reconciler and the intake share, and who may change what.
+
+    - ``config``, ``api``, ``metrics``, ``locks``, ``recorder``: set at start-up, never replaced.
+    - ``ledger``, ``state``, ``fgd``: replaced together only by :meth:`adopt` (the rebuild, ``runtime.py``); in
+      between, the ledger and the state records change in place: the intake records what the cluster says,
+      the scheduler and the reconciler what they decided and wrote.
+    - ``unschedulable``: the scheduler sets a group's reason, the scheduler and the reconciler drop it.
+    - ``conflicts``: found by the rebuild (:meth:`adopt`); the reconciler drops a group that released.
+    """
+
+    def __init__(
+        self,
+        config: OperatorConfig,
+        api: storage.ClusterApi,
+        *,
+        ledger: ledgers.DeviceLedger | None = None,
+        state: state_.ClusterState | None = None,
+        metrics: metrics_.Metrics | None = None,
+        recorder: events_.EventRecorder | None = None,
+    ) -> None:
+        self.config: Final = config
+        self.api: Final = api
+        self.metrics: Final = metrics if metrics is not None else metrics_.Metrics()
+        self.locks: Final = GroupLocks()
+        # Events are posted in the background so a slow API never holds a group lock; repeats are counted.
+        self.recorder: Final = recorder if recorder is not None else events_.EventRecorder()
+        # The last reason each Pending group could not be placed, shown in its Scheduled condition.
+        self.unschedulable: Final[dict[state_.GroupKey, str]] = {}
+        # Groups whose devices are also claimed by another group (found at rebuild): key -> other holders.
+        self.conflicts: Final[dict[state_.GroupKey, set[state_.GroupKey]]] = {}
+        self.background: Final[set[asyncio.Task[None]]] = set()
+        self._events: collections.deque[tuple[state_.PodRecord | state_.GroupRecord, str, str, bool]] = (
+            collections.deque()
+        )
+        self._ledger = ledger if ledger is not None else ledgers.DeviceLedger()
+        self._state = state if state is not None else state_.ClusterState()
+        # schedulingStrategy fgd: the policy and its target workload, learned from the groups placed.
+        self._fgd = fgdplacement.FGDPlacement()
+        self.metrics.bind_ledger(self._ledger)
+
+    @property
+    def ledger(self) -> ledgers.DeviceLedger:
+        return self._ledger
+
+    @property
+    def state(self) -> state_.ClusterState:
+        return self._state
+
+    @property
+    def fgd(self) -> fgdplacement.FGDPlacement:
+        return self._fgd
+
+    def adopt(
+        self,
+        ledger: ledgers.DeviceLedger,
+        state: state_.ClusterState,
+        *,
+        fgd: fgdplacement.FGDPlacement,
+        conflicts: Mapping[state_.GroupKey, set[state_.GroupKey]],
+    ) -> None:
+        """Replace everything known about the cluster with a rebuild's result, in one step (no await)."""
+        self._ledger, self._state, self._fgd = ledger, state, fgd
+        self.metrics.bind_ledger(ledger)
+        self.conflicts.clear()
+        self.conflicts.update(conflicts)
+        self.unschedulable.clear()
 
     def event(
         self, obj: state_.PodRecord | state_.GroupRecord, reason: str, message: str, *, warning: bool = False

@@ -1,15 +1,17 @@
-"""Kopf handlers: the lifecycle (login, start-up, clean-up) and node events, handed to the :class:`Runtime`.
+"""Kopf, all of it: the handlers (login, start-up, clean-up, node events) and :func:`run`, Kopf's main loop.
 
-Thin on purpose, and ``async`` on purpose: Kopf runs sync handlers in a thread pool, and our state
-is owned by the event loop. Handlers are registered on a registry passed in, so tests can run several isolated
-operators (e.g. two replicas electing a leader) in one process. Only ``on.event`` handlers are used:
+Everything that names ``kopf`` lives here (and the flags in ``command.py``); the rest of the operator never sees
+it. Handlers are thin on purpose, and ``async`` on purpose: Kopf runs sync handlers in a thread pool, and our
+state is owned by the event loop. Handlers are registered on a registry passed in, so tests can run several
+isolated operators (e.g. two replicas electing a leader) in one process. Only ``on.event`` handlers are used:
 Kopf then keeps no progress annotations on our objects, and our own finalizer (not Kopf's) guards group
-deletion. Groups and pods, nearly all the events, come through the runtime's own reflectors instead
-(see ``storage.ClusterApi.pod_reflector``): Kopf's per-event machinery cost more than the decisions.
+deletion. Groups and pods, nearly all the events, come through the intake's own reflectors instead
+(see ``intake.Intake.watch``): Kopf's per-event machinery cost more than the decisions.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -25,6 +27,31 @@ from .metrics import Metrics
 from .runtime import Runtime
 
 logger = logging.getLogger(__name__)
+
+# The bag Kopf hands every handler; start-up keeps the ``runtime`` in it (``process.py`` and the tests read it).
+Memo = kopf.Memo
+
+
+async def run(
+    config: OperatorConfig,
+    *,
+    memo: Memo,
+    stop_flag: asyncio.Event | None = None,
+    ready_flag: asyncio.Event | None = None,
+) -> None:
+    """Run Kopf with our handlers until ``stop_flag`` is set (or forever)."""
+    registry = kopf.OperatorRegistry()
+    register(registry, config)
+    await kopf.operator(
+        registry=registry,
+        clusterwide=True,
+        # Kopf's peering only pauses lower-priority peers; it is not leader election. Our replicas
+        # elect one leader on a Lease themselves (leadership.py), so Kopf runs standalone.
+        standalone=True,
+        stop_flag=stop_flag,
+        ready_flag=ready_flag,
+        memo=memo,
+    )
 
 
 def connection_info(cfg: k8s.Configuration) -> kopf.ConnectionInfo:
@@ -89,6 +116,6 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
 
     @kopf.on.event("v1", "nodes", registry=registry)
     async def node_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
-        memo.runtime.on_node(event["type"], event["object"])
+        memo.runtime.intake.on_node(event["type"], event["object"])
 
-    # Groups and pods come through the runtime's own reflectors (see storage.ClusterApi.*_reflector).
+    # Groups and pods come through the intake's own reflectors (see intake.Intake.watch).

@@ -1,6 +1,7 @@
 """The operator as a process: Kopf with our handlers, the metrics server, and the thread the demo and tests use.
 
-Separate from ``command.py`` (the CLI flags) so that ``deviceshare --help`` does not import Kopf.
+Separate from ``command.py`` (the CLI flags) so that ``deviceshare --help`` does not import Kopf. Kopf itself
+is started, and named, only in ``handlers.py``.
 """
 
 from __future__ import annotations
@@ -12,8 +13,6 @@ import secrets
 import socket
 import threading
 
-import kopf
-
 from . import handlers, startup
 from .config import OperatorConfig
 from .metrics import Metrics, MetricsServer
@@ -24,7 +23,7 @@ async def run_operator(
     *,
     stop_flag: asyncio.Event | None = None,
     ready_flag: asyncio.Event | None = None,
-    memo: kopf.Memo | None = None,
+    memo: handlers.Memo | None = None,
 ) -> None:
     """Run until ``stop_flag`` is set (or forever): the in-process entry used by the CLI, demo and tests.
 
@@ -38,7 +37,7 @@ async def run_operator(
             config, identity=f"{socket.gethostname()}/{os.getpid()}/{secrets.token_hex(3)}"
         )
     await startup.preflight(config)  # a missing kubeconfig or context ends here, before anything starts
-    memo = memo if memo is not None else kopf.Memo()
+    memo = memo if memo is not None else handlers.Memo()
     memo.metrics = Metrics()
     server: MetricsServer | None = None
     if config.metrics_port is not None:
@@ -47,19 +46,8 @@ async def run_operator(
         server = MetricsServer(memo.metrics, ready=lambda: startup.ready(getattr(memo, "runtime", None)))
         await server.start(config.metrics_host, config.metrics_port)
         memo.metrics_server = server
-    registry = kopf.OperatorRegistry()
-    handlers.register(registry, config)
     try:
-        await kopf.operator(
-            registry=registry,
-            clusterwide=True,
-            # Kopf's peering only pauses lower-priority peers; it is not leader election. Our replicas
-            # elect one leader on a Lease themselves (leadership.py), so Kopf runs standalone.
-            standalone=True,
-            stop_flag=stop_flag,
-            ready_flag=ready_flag,
-            memo=memo,
-        )
+        await handlers.run(config, stop_flag=stop_flag, ready_flag=ready_flag, memo=memo)
     finally:
         if server is not None:
             await server.stop()
@@ -74,7 +62,7 @@ class OperatorThread:
 
     def __init__(self, config: OperatorConfig) -> None:
         self.config = config
-        self.memo = kopf.Memo()
+        self.memo = handlers.Memo()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._ready = threading.Event()

@@ -1,19 +1,26 @@
-"""The scheduling queue: pods waiting for a decision, and pods parked because nothing fits.
+"""The operator's two work queues: pods waiting for a decision, and groups waiting for a status reconcile.
 
-Modelled on kube-scheduler's queue. Active pods are handed to workers once each (no duplicates).
-A pod that could not be placed is parked with a per-pod exponential backoff; a cluster change that
-could help (a node added or changed, a group released, a pod gone) moves every parked pod back once
-its backoff has passed, and a slow periodic flush catches anything no event announced. Nothing polls.
+:class:`SchedulingQueue` is modelled on kube-scheduler's queue. Active pods are handed to workers once each
+(no duplicates). A pod that could not be placed is parked with a per-pod exponential backoff; a cluster change
+that could help (a node added or changed, a group released, a pod gone) moves every parked pod back once its
+backoff has passed, and a slow periodic flush catches anything no event announced. Nothing polls.
+
+:class:`ReconcileQueue` is a due set rather than a FIFO: a group asked for ten times in a burst of member
+changes is reconciled once, after a short debounce; a group that must be looked at again later (a release
+waiting on a member, a failed write backing off) is asked for by a timer.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
 from typing import Generic, TypeVar
 
+from deviceshare.core import claims
+
 K = TypeVar("K", bound=Hashable)
+GroupKey = tuple[str, str]  # (namespace, name)
 
 
 class SchedulingQueue(Generic[K]):
@@ -24,16 +31,23 @@ class SchedulingQueue(Generic[K]):
         backoff_max: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        self._backoff_initial = backoff_initial
+        self._backoff_max = backoff_max
+        self._clock = clock
+        self._timers: dict[K, asyncio.TimerHandle] = {}
+        self.clear()
+
+    def clear(self) -> None:
+        """Forget every pod, due or parked (a deposed leader; its successor rebuilds). No worker may be waiting."""
+        for timer in self._timers.values():
+            timer.cancel()
+        self._timers.clear()
         self._active: asyncio.Queue[K] = asyncio.Queue()
         self._queued: set[K] = set()
         self._in_flight: set[K] = set()
         self._dirty: set[K] = set()  # re-added while in flight: run once more when it finishes
         self._parked: dict[K, float] = {}  # key -> earliest retry time
         self._attempts: dict[K, int] = {}
-        self._timers: dict[K, asyncio.TimerHandle] = {}
-        self._backoff_initial = backoff_initial
-        self._backoff_max = backoff_max
-        self._clock = clock
 
     def __len__(self) -> int:
         return len(self._queued) + len(self._in_flight)
@@ -129,3 +143,62 @@ class SchedulingQueue(Generic[K]):
         timer = self._timers.pop(key, None)
         if timer is not None:
             timer.cancel()
+
+
+class ReconcileQueue:
+    """Groups due for a reconcile. :meth:`request` makes one due now; :meth:`batch` hands out everything due,
+    once per group, ``debounce`` seconds after the first request (a burst of member changes is one reconcile).
+
+    ``allocations`` is read when a node changes (:meth:`request_node`): the groups placed there are due.
+    """
+
+    def __init__(self, *, debounce: float, allocations: Callable[[], Iterable[claims.Allocation]]) -> None:
+        self._debounce = debounce
+        self._allocations = allocations
+        self._due: set[GroupKey] = set()
+        self._wakeup = asyncio.Event()
+        self._timers: dict[GroupKey, asyncio.TimerHandle] = {}
+
+    def __len__(self) -> int:
+        return len(self._due)
+
+    def request(self, key: GroupKey) -> None:
+        """Reconcile ``key`` in the next batch."""
+        self._due.add(key)
+        self._wakeup.set()
+
+    def request_node(self, node: str) -> None:
+        """``node`` was lost or came back: every group placed on it needs its status looked at."""
+        for allocation in self._allocations():
+            if allocation.node == node:
+                self.request(allocation.group)
+
+    def request_later(self, key: GroupKey, delay: float) -> None:
+        """Reconcile ``key`` after ``delay`` seconds; a timer already set to fire sooner is kept."""
+        loop = asyncio.get_running_loop()
+        timer = self._timers.get(key)
+        if timer is not None:
+            if timer.when() <= loop.time() + delay:
+                return
+            timer.cancel()
+        self._timers[key] = loop.call_later(delay, self._timer_fired, key)
+
+    async def batch(self) -> set[GroupKey]:
+        """Wait until something is due, let a burst settle for ``debounce`` seconds, and take all of it."""
+        await self._wakeup.wait()
+        await asyncio.sleep(self._debounce)
+        self._wakeup.clear()
+        due, self._due = self._due, set()
+        return due
+
+    def clear(self) -> None:
+        """Nothing is due any more and no timer will fire (a deposed leader; its successor rebuilds)."""
+        self._due.clear()
+        self._wakeup.clear()
+        for timer in self._timers.values():
+            timer.cancel()
+        self._timers.clear()
+
+    def _timer_fired(self, key: GroupKey) -> None:
+        self._timers.pop(key, None)
+        self.request(key)

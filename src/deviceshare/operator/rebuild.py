@@ -17,18 +17,25 @@ so a pod's ``selected-devices`` counts only where it agrees with a record of our
 Anything else (a pod outside deviceshare with ``spec.nodeName`` and a forged ``selected-devices``, a pod
 whose group's status does not agree) is an *untrusted* claim: reported (event and metric), never a
 conflict that freezes the group really holding the devices.
+
+After a rebuild, :func:`announce` says what it found (events, metrics, log lines); ``Runtime.rebuild`` runs it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Iterable
 
 from deviceshare.api import names
 from deviceshare.core import capacity
+from deviceshare.core import claims as claims_
 from deviceshare.core import ledger as ledgers
 
 from . import state as state_
+from .context import Context
+
+logger = logging.getLogger(__name__)
 
 _HOLDING = (names.PHASE_BOUND, names.PHASE_RELEASING)
 
@@ -136,3 +143,46 @@ def _recorded_group(
         return None
     recorded = {r: sorted(ids) for r, ids in (group.status.allocated_devices or {}).items()}
     return group.key if recorded == {r: sorted(ids) for r, ids in devices.items()} else None
+
+
+def contested(report: ledgers.RebuildReport) -> dict[state_.GroupKey, set[state_.GroupKey]]:
+    """Each group whose devices another group also claims -> those other groups."""
+    out: dict[state_.GroupKey, set[state_.GroupKey]] = {}
+    for c in report.conflicts:
+        for g in c.groups:
+            out.setdefault(g, set()).update(o for o in c.groups if o != g)
+    return out
+
+
+def announce(ctx: Context, report: ledgers.RebuildReport, untrusted: Iterable[Untrusted]) -> None:
+    """Tell the groups' and pods' owners (events), the metrics and the log what the rebuild found wrong."""
+    state = ctx.state
+    for c in report.conflicts:
+        ctx.metrics.device_conflicts.inc()
+        # Over-commitment and mixed kinds are reported, as double holding is: nobody is evicted.
+        logger.error("device %s=%s on node %s %s: %s", c.resource, c.device, c.node, c.reason,
+                     ", ".join(f"{ns}/{n}" for ns, n in c.groups))
+        for g in c.groups:
+            record = state.groups.get(g)
+            if record is not None and c.reason != claims_.HELD_TWICE:
+                ctx.event(record, "DeviceConflict",
+                          f"{c.resource} {c.device} on node {c.node}: {c.reason} "
+                          f"({', '.join(f'{ns}/{n}' for ns, n in c.groups)}); it takes no new sharer "
+                          "until a holder releases", warning=True)
+    for g, others in ctx.conflicts.items():
+        record = state.groups.get(g)
+        if record is not None:
+            ctx.event(record, "DeviceConflict",
+                      "devices of this group are also claimed by "
+                      + ", ".join(f"{ns}/{n}" for ns, n in sorted(others))
+                      + "; neither keeps them exclusively until one releases", warning=True)
+        logger.error("device conflict: group %s/%s shares devices with %s", *g, sorted(others))
+    for problem in report.problems:
+        logger.warning("rebuild: %s", problem)
+    for claim in untrusted:
+        ctx.metrics.untrusted_claims.inc()
+        pod = claim.pod
+        message = (f"annotation {names.POD_SELECTED_DEVICES_ANNOTATION}={pod.selected_devices} is ignored: "
+                   f"{claim.why}")
+        ctx.event(pod, "UntrustedDeviceClaim", message, warning=True)
+        logger.warning("rebuild: pod %s/%s: %s", *pod.key, message)

@@ -12,6 +12,9 @@ from the ledger (the authority on devices) and the pods (the authority on who ru
 - a member a release has waited on for ``member_recheck`` seconds is read again from the API: if its
   deletion never reached us (a pod watch that hangs without an error), it would otherwise hold its
   group's devices for ever.
+
+:meth:`GroupReconciler.run` takes due groups off the :class:`~.queueing.ReconcileQueue`; a reconcile that
+fails (a conflict, a group gone, an error) is retried there with backoff (``reconcileloop.py``).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from deviceshare.api import names
 from deviceshare.core import ledger as ledgers
@@ -27,25 +30,35 @@ from deviceshare.core import ledger as ledgers
 from . import state as state_
 from . import statuses, storage
 from .context import Context
+from .queueing import ReconcileQueue
+from .reconcileloop import ReconcileLoop
 
 logger = logging.getLogger("deviceshare.operator.reconciler")
 
 
+class PodReads(Protocol):
+    def pod_read(self, pod: state_.PodRecord, body: Mapping[str, Any] | None) -> None:
+        """``pod`` as the API shows it now (None: it no longer exists); see ``intake.Intake.pod_read``."""
+        ...
+
+
 class GroupReconciler:
-    def __init__(
-        self,
-        ctx: Context,
-        request_reconcile: Callable[[state_.GroupKey], None],
-        *,
-        request_later: Callable[[state_.GroupKey, float], None],
-        pod_read: Callable[[state_.PodRecord, Mapping[str, Any] | None], None],
-    ) -> None:
+    """Reconciles the groups ``queue`` hands out (:meth:`run`); asks ``queue`` again for groups to look at later,
+    and tells ``pods`` what it read of a member a release waits on."""
+
+    def __init__(self, ctx: Context, queue: ReconcileQueue, *, pods: PodReads) -> None:
         self.ctx = ctx
-        self._request = request_reconcile  # for groups whose status this one's change affects
-        self._request_later = request_later
-        self._pod_read = pod_read  # a member re-read from the API (None: it no longer exists)
+        self._queue = queue
+        self._request = queue.request  # for groups whose status this one's change affects
+        self._request_later = queue.request_later
+        self._pod_read = pods.pod_read  # a member re-read from the API (None: it no longer exists)
         self._waiting_since: dict[state_.GroupKey, float] = {}  # groups whose release waits on members
         self._new_groups: dict[state_.GroupKey, float] = {}  # first seen, for groups with no status yet
+
+    async def run(self, *, released: Callable[[], object]) -> None:
+        """Reconcile due groups until cancelled, retrying failures with backoff (see reconcileloop.py)."""
+        loop = ReconcileLoop(self.ctx, self, self._queue, released=released, concurrency=self.ctx.config.workers)
+        await loop.run()
 
     async def reconcile(self, gkey: state_.GroupKey) -> bool:
         """Bring one group up to date. Returns True if devices were released (parked pods may now fit)."""

@@ -67,8 +67,7 @@ def ready(runtime: Runtime | None) -> bool:
     if not runtime.scheduling:
         # A standby replica is ready while it can reach its Lease: it can take over when that expires.
         return runtime.leadership is not None and runtime.leadership.connected
-    feeds = (runtime.pod_reflector, runtime.group_reflector)
-    return all(f is not None and f.synced.is_set() for f in feeds)
+    return runtime.intake.synced
 
 
 def _describe(e: Exception) -> str:

@@ -1,0 +1,253 @@
+"""Intake: what the cluster tells us goes into the operator's state, and the work it makes due into the queues.
+
+Watch events come from Kopf (nodes, see ``handlers.py``) and from our own reflectors (groups and pods, through a
+:class:`Feed` each). Every ``on_*`` method is synchronous and cheap: it updates the ledger and the records in
+``ctx.state``, then makes pods due for a decision (:class:`~.queueing.SchedulingQueue`) and groups due for a
+status reconcile (:class:`~.queueing.ReconcileQueue`). Nothing here decides or writes to the API.
+
+Deletions can be missed (a watch that relists, or hangs without an error); three things catch them: a list that
+lacks an object we hold (:meth:`Feed.replace`), a member a release waits on read again (:meth:`Intake.pod_read`,
+called by the reconciler), and the periodic :meth:`Intake.audit`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from deviceshare.core import inventory
+from deviceshare.kube import watching
+
+from . import state as state_
+from .context import Context
+from .queueing import ReconcileQueue, SchedulingQueue
+
+logger = logging.getLogger(__name__)
+
+
+class Intake:
+    """Watch events in; state updated and work enqueued. ``is_ours`` says whether a pod waits for our decision."""
+
+    def __init__(
+        self,
+        ctx: Context,
+        pods: SchedulingQueue[state_.PodKey],
+        groups: ReconcileQueue,
+        *,
+        is_ours: Callable[[state_.PodRecord], bool],
+    ) -> None:
+        self.ctx = ctx
+        self._pods, self._groups, self._is_ours = pods, groups, is_ours
+        # The pods and groups feeds, from the first election on (see :meth:`watch`).
+        self.pod_reflector: watching.Reflector | None = None
+        self.group_reflector: watching.Reflector | None = None
+
+    def watch(self, quotas: watching.Sink) -> list[asyncio.Task[None]]:
+        """Start watching groups, pods and ResourceQuotas (into ``quotas``); the tasks run until cancelled.
+
+        Called once, when first elected: the rebuild just listed them, and a standby has no use for them (its
+        state is replaced when it is elected). Their first lists replace the rebuild's.
+        """
+        loop, api = asyncio.get_running_loop(), self.ctx.api
+        groups = Feed(self.ctx, "group", lambda: self.ctx.state.groups, self.on_group, self.group_gone)
+        pods = Feed(self.ctx, "pod", lambda: self.ctx.state.pods, self.on_pod, self.pod_gone)
+        self.group_reflector = groups.reflector = api.group_reflector(groups)
+        self.pod_reflector = pods.reflector = api.pod_reflector(pods)
+        quota_reflector = api.quota_reflector(quotas)  # device budgets (quotas.py)
+        return [
+            loop.create_task(self.group_reflector.run(), name="watch groups"),
+            loop.create_task(self.pod_reflector.run(), name="watch pods"),
+            loop.create_task(quota_reflector.run(), name="watch resourcequotas"),
+        ]
+
+    @property
+    def synced(self) -> bool:
+        """The pod and group feeds have each listed the cluster once (readiness)."""
+        feeds = (self.pod_reflector, self.group_reflector)
+        return all(f is not None and f.synced.is_set() for f in feeds)
+
+    # -- watch events ----------------------------------------------------------------------------
+
+    def on_node(self, event_type: str | None, body: Mapping[str, Any]) -> None:
+        ledger = self.ctx.ledger
+        name = str((body.get("metadata") or {}).get("name", ""))
+        if event_type == "DELETED":
+            ledger.remove_node(name)
+            self._groups.request_node(name)
+            return
+        node = inventory.node_from_object(body)
+        old = ledger.node(name)
+        if old == node:
+            return  # a heartbeat: nothing placement cares about changed
+        ledger.upsert_node(node)
+        if old is None or old.ready != node.ready:
+            self._groups.request_node(name)
+        self._pods.move_parked()
+
+    def on_group(self, event_type: str | None, body: Mapping[str, Any]) -> None:
+        group = state_.group_record(body)
+        if event_type == "DELETED":
+            self.group_gone(group.key, group.uid)
+            return
+        old = self.ctx.state.groups.get(group.key)
+        if not self.ctx.state.upsert_group(group):
+            return
+        self._groups.request(group.key)
+        if old is None or old.generation != group.generation or old.deleting != group.deleting:
+            for pod in self.ctx.state.members(group.key):
+                if self._is_ours(pod):
+                    self._pods.add(pod.key)
+
+    def on_pod(self, event_type: str | None, body: Mapping[str, Any]) -> None:
+        ctx = self.ctx
+        if event_type == "DELETED":
+            meta = body.get("metadata") or {}
+            key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
+            self.pod_gone(key, str(meta.get("uid", "")))
+            return
+        pod = state_.pod_record(body)
+        old = ctx.state.upsert_pod(pod)
+        pod = ctx.state.pods[pod.key]  # as stored (an assumed binding applied)
+        if pod.on_devices and pod.node_name:
+            ctx.ledger.account_pod(pod.key, pod.node_name, pod.demand.cpu_milli, pod.demand.memory_bytes)
+        else:
+            ctx.ledger.forget_pod(pod.key)
+        if self._is_ours(pod):
+            self._pods.add(pod.key)
+        else:
+            self._pods.forget(pod.key)
+        if pod.group_key is not None and (old is None or _member_changed(old, pod)):
+            self._groups.request(pod.group_key)
+        if old is not None and old.on_devices and not pod.on_devices:
+            self._pods.move_parked()
+
+    def group_gone(self, key: state_.GroupKey, uid: str) -> None:
+        held = self.ctx.state.groups.get(key)
+        if held is not None and uid and held.uid != uid:
+            return  # an earlier group of that name: the one we hold replaced it
+        self.ctx.state.groups.pop(key, None)
+        self._groups.request(key)
+
+    def pod_gone(self, key: state_.PodKey, uid: str) -> None:
+        ctx = self.ctx
+        held = ctx.state.pods.get(key)
+        if held is not None and uid and held.uid != uid:
+            return  # an earlier pod of that name: the one we hold replaced it
+        old = ctx.state.remove_pod(key)
+        ctx.ledger.forget_pod(key)
+        self._pods.forget(key)
+        if old is not None:
+            if old.group_key is not None:
+                self._groups.request(old.group_key)
+            if old.on_devices:
+                self._pods.move_parked()
+
+    def pod_read(self, pod: state_.PodRecord, body: Mapping[str, Any] | None) -> None:
+        """``pod`` read again from the API (None: not found). News the watch may never bring: a pod
+        deleted while the watch was re-listing is absent from the list and has no DELETED event."""
+        meta = (body or {}).get("metadata") or {}
+        if body is None or meta.get("uid") != pod.uid:
+            logger.info("pod %s/%s is gone; its deletion never came on the watch", *pod.key)
+            self.ctx.metrics.missed_deletions.labels("pod").inc()
+            self.pod_gone(pod.key, pod.uid)
+            return
+        held = self.ctx.state.pods.get(pod.key)
+        if held is not None and held.uid == pod.uid and state_.newer(
+            str(meta.get("resourceVersion", "")), held.resource_version
+        ):
+            self.on_pod("MODIFIED", body)
+
+    # -- the audit ---------------------------------------------------------------------------------
+
+    async def audit_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.ctx.config.audit_interval)
+            try:
+                await self.audit()
+            except Exception:
+                logger.warning("audit of pods and groups failed; next one in %.0fs",
+                               self.ctx.config.audit_interval, exc_info=True)
+
+    async def audit(self) -> int:
+        """Forget pods and groups the API no longer has although no DELETED event said so. Returns how many.
+
+        A list alone cannot tell (what was created after it is missing from it too, and applying a list
+        over newer watch events goes backwards); so a held object the list lacks is read by itself, and
+        only a 404 or another uid under its name counts as deleted.
+        """
+        ctx = self.ctx
+        pods, groups = await asyncio.gather(ctx.api.list_pods(), ctx.api.list_groups())
+        listed = {str((b.get("metadata") or {}).get("uid", "")) for b in pods}
+        forgotten = 0
+        for pod in [p for p in ctx.state.pods.values() if p.uid not in listed]:
+            body = await ctx.api.get_pod(pod.key)
+            if body is None or (body.get("metadata") or {}).get("uid") != pod.uid:
+                forgotten += 1
+            self.pod_read(pod, body)
+        listed = {str((b.get("metadata") or {}).get("uid", "")) for b in groups}
+        for group in [g for g in ctx.state.groups.values() if g.uid not in listed]:
+            current = await ctx.api.get_group_if_exists(group.key)
+            if current is not None and (current.get("metadata") or {}).get("uid") == group.uid:
+                continue
+            held = ctx.state.groups.get(group.key)
+            if held is not None and held.uid == group.uid:
+                logger.info("group %s/%s is gone; its deletion never came on the watch", *group.key)
+                ctx.metrics.missed_deletions.labels("group").inc()
+                self.group_gone(group.key, group.uid)
+                forgotten += 1
+        return forgotten
+
+
+class Feed:
+    """A reflector's sink. Events go to ``apply`` (the intake's ``on_*``); a list (the first, and each relist
+    after a watch expired) is the whole truth at its resourceVersion, so an object we hold that it lacks, and
+    that we last saw at or before that version, was deleted while we were not watching: ``gone``."""
+
+    def __init__(
+        self,
+        ctx: Context,
+        kind: str,
+        held: Callable[[], Mapping[tuple[str, str], state_.PodRecord | state_.GroupRecord]],
+        apply: Callable[[str, Mapping[str, Any]], None],
+        gone: Callable[[tuple[str, str], str], None],
+    ) -> None:
+        self.ctx, self.kind = ctx, kind
+        self._held, self._gone = held, gone
+        self.apply = apply
+        # Set once the reflector feeding this exists (it takes this sink when it is made); its
+        # resourceVersion dates each list.
+        self.reflector: watching.Reflector | None = None
+
+    def replace(self, objects: list[Mapping[str, Any]]) -> None:
+        held = self._held()
+        listed: set[tuple[str, str]] = set()
+        for body in objects:
+            meta = body.get("metadata") or {}
+            key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
+            listed.add(key)
+            have = held.get(key)
+            if have is not None and have.uid == meta.get("uid") and state_.newer(
+                have.resource_version, str(meta.get("resourceVersion", ""))
+            ):
+                continue  # we already hold this version or a newer one (a rebuild's list, our own write)
+            self.apply("ADDED", body)
+        version = self.reflector.resource_version if self.reflector else None
+        if version is None:
+            return
+        for key, have in list(held.items()):
+            if key not in listed and state_.newer(version, have.resource_version):
+                self.ctx.metrics.missed_deletions.labels(self.kind).inc()
+                self._gone(key, have.uid)
+
+
+def _member_changed(old: state_.PodRecord, new: state_.PodRecord) -> bool:
+    return (
+        old.node_name != new.node_name
+        or old.phase != new.phase
+        or old.deleting != new.deleting
+        or old.group != new.group
+        or old.selected_devices != new.selected_devices
+        or old.env_annotations != new.env_annotations
+    )
