@@ -18,6 +18,7 @@ from deviceshare.core import inventory
 from deviceshare.operator import state, storage
 from deviceshare.operator.config import OperatorConfig
 from deviceshare.operator.context import Context
+from deviceshare.operator.queueing import ReconcileQueue
 from deviceshare.operator.reconciler import GroupReconciler
 from deviceshare.operator.scheduler import PodScheduler
 
@@ -192,15 +193,11 @@ class Harness:
         for n in nodes:
             self.ctx.ledger.upsert_node(n)
         self.scheduler = PodScheduler(self.ctx)
-        self.reconcile_requests: list[tuple[str, str]] = []
-        self.later: list[tuple[tuple[str, str], float]] = []
-        self.reconciler = GroupReconciler(
-            self.ctx, self.reconcile_requests.append,
-            request_later=lambda key, delay: self.later.append((key, delay)),
-            pod_read=self._pod_read,
-        )
+        self.reconciles = ReconcileQueue(debounce=0.0, allocations=self.ctx.ledger.allocations)
+        self.reconciler = GroupReconciler(self.ctx, self.reconciles, pods=self)
 
-    def _pod_read(self, pod: state.PodRecord, body: Mapping[str, Any] | None) -> None:
+    def pod_read(self, pod: state.PodRecord, body: Mapping[str, Any] | None) -> None:
+        """What the intake does with a member read again (reconciler.PodReads), reduced to the records."""
         if body is None:
             self.ctx.state.remove_pod(pod.key)
         else:
