@@ -1,5 +1,6 @@
 """Every name that users, manifests and GitOps pipelines rely on (CONTRACT §1–5), in one place."""
 
+from collections.abc import Mapping
 from typing import Final
 
 GROUP: Final = "deviceshare.io"
@@ -61,6 +62,17 @@ METRICS_PREFIX: Final = "deviceshare_"
 def env_annotation(env_name: str) -> str:
     """The pod annotation the downward API reads for one visibility env var."""
     return f"{POD_ENV_ANNOTATION_PREFIX}{env_name}"
+
+
+def env_from_annotations(annotations: Mapping[str, str]) -> dict[str, str]:
+    """The visibility env vars a pod's annotations carry: ``{"NVIDIA_VISIBLE_DEVICES": "0,1"}``."""
+    n = len(POD_ENV_ANNOTATION_PREFIX)
+    return {k[n:]: v for k, v in annotations.items() if k.startswith(POD_ENV_ANNOTATION_PREFIX)}
+
+
+def key_text(key: tuple[str, str]) -> str:
+    """``namespace/name``, the way kubectl and our messages name a namespaced object."""
+    return f"{key[0]}/{key[1]}"
 
 
 def env_field_path(env_name: str) -> str:

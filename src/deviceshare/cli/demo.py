@@ -190,10 +190,7 @@ def _print_pods(sandbox: Sandbox, pods: Sequence[tuple[str, str]], out: Any) -> 
         pod = sandbox.get("pods", name, ns) or {}
         meta = pod.get("metadata") or {}
         ann = meta.get("annotations") or {}
-        env = sorted(
-            f"{k[len(names.POD_ENV_ANNOTATION_PREFIX):]}={v}"
-            for k, v in ann.items() if k.startswith(names.POD_ENV_ANNOTATION_PREFIX)
-        )
+        env = sorted(f"{k}={v}" for k, v in names.env_from_annotations(ann).items())
         wired = _wired_env(pod)
         shown = [e for e in env if e.split("=", 1)[0] in wired] or ["(not wired)"]
         rows.append((ns, name, ann.get(names.POD_GROUP_ANNOTATION, "-"), (pod.get("spec") or {}).get("nodeName", "-"),

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from deviceshare.api import quantities
+from deviceshare.api import names, quantities
 from deviceshare.core import inventory, reasons
 
 if TYPE_CHECKING:  # annotations only: `deviceshare inspect --help` need not load pydantic
@@ -243,10 +243,6 @@ def shares_from_spec(spec: Mapping[str, models.DeviceShare]) -> dict[str, Share]
     return {r: Share.from_spec(s) for r, s in sorted(spec.items())}
 
 
-def _name(group: GroupKey) -> str:
-    return f"{group[0]}/{group[1]}"
-
-
 def join_problem(
     info: inventory.NodeInfo,
     resource: str,
@@ -265,7 +261,7 @@ def join_problem(
             return "over-committed or used two ways at once (see the rebuild's conflicts); it takes nobody new"
         left = found
     if left.kind is not share.kind:
-        return f"holds {left.kind.value} holders ({', '.join(map(_name, use.groups if use else ()))})"
+        return f"holds {left.kind.value} holders ({', '.join(map(names.key_text, use.groups if use else ()))})"
     if share.tiles:
         if not tiles_cap:
             return f"node {info.name} declares no tiles for {resource}"

@@ -15,6 +15,7 @@ import enum
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from deviceshare.api import names
 from deviceshare.core import capacity, inventory
 
 GroupKey = tuple[str, str]
@@ -45,7 +46,7 @@ class DeviceConflict(Exception):
         self.node, self.resource, self.device, self.holder = node, resource, device, holder
         if not detail:
             detail = (
-                f"held by group {holder[0]}/{holder[1]}" if holder else "not offered by the node's inventory"
+                f"held by group {names.key_text(holder)}" if holder else "not offered by the node's inventory"
             )
         super().__init__(f"device {resource}={device} on node {node}: {detail}")
 
@@ -90,10 +91,6 @@ def normalized(devices: Mapping[str, Sequence[str]]) -> dict[str, tuple[str, ...
     return {str(r): tuple(str(d) for d in ids) for r, ids in sorted(devices.items())}
 
 
-def group_name(group: GroupKey) -> str:
-    return f"{group[0]}/{group[1]}"
-
-
 def render(devices: Mapping[str, Sequence[str]]) -> str:
     return "{" + ", ".join(f"{r}: {','.join(ids)}" for r, ids in sorted(devices.items())) + "}"
 
@@ -123,7 +120,7 @@ def choose(claims: Iterable[Claim], problems: list[str]) -> dict[GroupKey, Claim
         winner, loser = (claim, current) if status_wins else (current, claim)
         chosen[claim.group] = winner
         problems.append(
-            f"group {group_name(claim.group)}: {loser.source} says node {loser.node} "
+            f"group {names.key_text(claim.group)}: {loser.source} says node {loser.node} "
             f"{render(loser.devices)} but {winner.source} says node {winner.node} "
             f"{render(winner.devices)}; using {winner.source}"
         )

@@ -18,6 +18,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 
+from deviceshare.api import names
 from deviceshare.core import capacity, claims, inventory, snapshots
 
 GroupKey = inventory.GroupKey
@@ -150,7 +151,7 @@ class DeviceLedger:
                 resource, ids = next(iter(existing.devices.items()), ("", ()))
                 raise DeviceConflict(
                     existing.node, resource, ids[0] if ids else "", group,
-                    f"group {claims.group_name(group)} already holds devices on node {existing.node}; "
+                    f"group {names.key_text(group)} already holds devices on node {existing.node}; "
                     "release them first",
                 )
             info = self._info.get(node)
@@ -170,7 +171,7 @@ class DeviceLedger:
                         if use is not None:
                             raise DeviceConflict(
                                 node, resource, device, use.groups[0],
-                                f"shared by {', '.join(map(claims.group_name, use.groups))}",
+                                f"shared by {', '.join(map(names.key_text, use.groups))}",
                             )
                         continue
                     assert info is not None
@@ -272,7 +273,7 @@ class DeviceLedger:
             found = []
             for key in sorted(set(self._held) | set(self._uses)):
                 node, resource, device = key
-                groups = ", ".join(map(claims.group_name, self.holders(*key)))
+                groups = ", ".join(map(names.key_text, self.holders(*key)))
                 info = self._info.get(node)
                 if info is None:
                     found.append(f"{resource}={device} on unknown node {node} is held by {groups}")

@@ -72,7 +72,7 @@ def sort_claims(
                     group=g.key,
                     node=st.node_name,
                     devices={r: tuple(ids) for r, ids in st.allocated_devices.items()},
-                    source=f"status of {g.key[0]}/{g.key[1]}",
+                    source=f"status of {names.key_text(g.key)}",
                     # A sharing group's share is read back from its spec (immutable once Bound, CEL-enforced).
                     share=capacity.shares_from_spec(g.spec.share) if g.spec is not None else {},
                     tiles={r: tuple(ids) for r, ids in st.allocated_tiles.items()},
@@ -119,7 +119,7 @@ def sort_claims(
                 group=(p.key[0], group),
                 node=str(p.node_name),
                 devices={r: tuple(ids) for r, ids in devices.items()},
-                source=f"pod {p.key[0]}/{p.key[1]}",
+                source=f"pod {names.key_text(p.key)}",
             )
         )
     return Claims(out, members, untrusted)
@@ -161,20 +161,20 @@ def announce(ctx: Context, report: ledgers.RebuildReport, untrusted: Iterable[Un
         ctx.metrics.device_conflicts.inc()
         # Over-commitment and mixed kinds are reported, as double holding is: nobody is evicted.
         logger.error("device %s=%s on node %s %s: %s", c.resource, c.device, c.node, c.reason,
-                     ", ".join(f"{ns}/{n}" for ns, n in c.groups))
+                     ", ".join(map(names.key_text, c.groups)))
         for g in c.groups:
             record = state.groups.get(g)
             if record is not None and c.reason != claims_.HELD_TWICE:
                 ctx.event(record, "DeviceConflict",
                           f"{c.resource} {c.device} on node {c.node}: {c.reason} "
-                          f"({', '.join(f'{ns}/{n}' for ns, n in c.groups)}); it takes no new sharer "
+                          f"({', '.join(map(names.key_text, c.groups))}); it takes no new sharer "
                           "until a holder releases", warning=True)
     for g, others in ctx.conflicts.items():
         record = state.groups.get(g)
         if record is not None:
             ctx.event(record, "DeviceConflict",
                       "devices of this group are also claimed by "
-                      + ", ".join(f"{ns}/{n}" for ns, n in sorted(others))
+                      + ", ".join(map(names.key_text, sorted(others)))
                       + "; neither keeps them exclusively until one releases", warning=True)
         logger.error("device conflict: group %s/%s shares devices with %s", *g, sorted(others))
     for problem in report.problems:

@@ -180,10 +180,7 @@ class GroupReconciler:
         want = statuses.allocation_annotations(
             allocation, self.ctx.config.env_names, self.ctx.ledger.node(allocation.node)
         )
-        want_env = {
-            k[len(names.POD_ENV_ANNOTATION_PREFIX):]: v
-            for k, v in want.items() if k.startswith(names.POD_ENV_ANNOTATION_PREFIX)
-        }
+        want_env = names.env_from_annotations(want)
         for pod in members:
             if pod.member_of != gkey[1] or pod.node_name != allocation.node:
                 continue

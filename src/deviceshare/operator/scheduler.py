@@ -217,7 +217,7 @@ class PodScheduler:
                 if current.uid != group.uid or current.deleting or current.spec != group.spec:
                     raise
                 self.ctx.state.keep(current)
-        raise storage.Conflict(f"status of shareddevicegroup {group.key[0]}/{group.key[1]} kept changing")
+        raise storage.Conflict(f"status of shareddevicegroup {names.key_text(group.key)} kept changing")
 
     async def _bind(
         self, pod: state_.PodRecord, group: state_.GroupRecord, allocation: ledgers.Allocation, *, fresh: bool
@@ -259,7 +259,7 @@ class PodScheduler:
             ctx.event(group, "Bound", f"Placed on node {allocation.node} with {devices}")
         ctx.event(
             pod, "Scheduled",
-            f"Successfully assigned {pod.key[0]}/{pod.key[1]} to {allocation.node} with {devices} "
+            f"Successfully assigned {names.key_text(pod.key)} to {allocation.node} with {devices} "
             f'(SharedDeviceGroup "{group.name}")',
         )
 

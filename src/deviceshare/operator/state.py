@@ -76,7 +76,6 @@ def pod_record(body: Mapping[str, Any]) -> PodRecord:
     spec = body.get("spec") or {}
     status = body.get("status") or {}
     annotations = meta.get("annotations") or {}
-    prefix = names.POD_ENV_ANNOTATION_PREFIX
     group = annotations.get(names.POD_GROUP_ANNOTATION)
     if group is not None:
         group = str(group)
@@ -93,7 +92,7 @@ def pod_record(body: Mapping[str, Any]) -> PodRecord:
         deleting=bool(meta.get("deletionTimestamp")),
         resource_version=str(meta.get("resourceVersion", "")),
         selected_devices=annotations.get(names.POD_SELECTED_DEVICES_ANNOTATION),
-        env_annotations={k[len(prefix):]: v for k, v in annotations.items() if k.startswith(prefix)},
+        env_annotations=names.env_from_annotations(annotations),
         demand=_demand(body),
         scheduled_condition=(
             (scheduled.get("status", ""), scheduled.get("reason", ""), scheduled.get("message", ""))
@@ -220,12 +219,11 @@ class ClusterState:
 
     def assume(self, pod: PodRecord, node: str, annotations: Mapping[str, str], group: str) -> PodRecord:
         """``pod`` was bound to ``node`` as a member of ``group``, with ``annotations``, by us just now."""
-        prefix = names.POD_ENV_ANNOTATION_PREFIX
         bound = dataclasses.replace(
             pod,
             node_name=node,
             selected_devices=annotations.get(names.POD_SELECTED_DEVICES_ANNOTATION),
-            env_annotations={k[len(prefix):]: v for k, v in annotations.items() if k.startswith(prefix)},
+            env_annotations=names.env_from_annotations(annotations),
         )
         self._bound[pod.key] = (pod.uid, group)
         self.upsert_pod(bound)

@@ -239,7 +239,7 @@ def reconciled(
     else:
         conds = without_condition(conds, names.CONDITION_NODE_LOST)
     if conflicting_with:
-        others = ", ".join(f"{ns}/{n}" for ns, n in sorted(conflicting_with))
+        others = ", ".join(map(names.key_text, sorted(conflicting_with)))
         conds = condition(
             conds, names.CONDITION_CONFLICT, "True", "DevicesClaimedTwice",
             f"devices of this group are also claimed by {others}", gen,

@@ -149,7 +149,7 @@ class ClusterApi:
 
     async def get_group(self, key: GroupKey) -> dict[str, Any]:
         """The raw body, for the runtime's audit; everything else uses :meth:`read_group`."""
-        data: dict[str, Any] = await self._call("GET", _group_path(key), f"get shareddevicegroup {key[0]}/{key[1]}")
+        data: dict[str, Any] = await self._call("GET", _group_path(key), f"get shareddevicegroup {names.key_text(key)}")
         return data
 
     async def get_group_if_exists(self, key: GroupKey) -> dict[str, Any] | None:
@@ -169,7 +169,7 @@ class ClusterApi:
     async def get_pod(self, key: PodKey) -> dict[str, Any] | None:
         """The pod as the API shows it now; None if it does not exist."""
         try:
-            data: dict[str, Any] = await self._call("GET", _pod_path(key), f"get pod {key[0]}/{key[1]}")
+            data: dict[str, Any] = await self._call("GET", _pod_path(key), f"get pod {names.key_text(key)}")
         except Gone:
             return None
         return data
@@ -213,7 +213,7 @@ class ClusterApi:
         if resource_version:
             body["metadata"] = {"resourceVersion": resource_version}
         data: dict[str, Any] = await self._call(
-            "PATCH", _group_path(key) + "/status", f"patch status of shareddevicegroup {key[0]}/{key[1]}",
+            "PATCH", _group_path(key) + "/status", f"patch status of shareddevicegroup {names.key_text(key)}",
             body, content_type=MERGE_PATCH,
         )
         return state_.group_record(data)
@@ -224,7 +224,7 @@ class ClusterApi:
         """Replace the finalizer list, conditional on resourceVersion so no one else's entry is lost."""
         body = {"metadata": {"finalizers": list(finalizers), "resourceVersion": resource_version}}
         data: dict[str, Any] = await self._call(
-            "PATCH", _group_path(key), f"patch finalizers of shareddevicegroup {key[0]}/{key[1]}",
+            "PATCH", _group_path(key), f"patch finalizers of shareddevicegroup {names.key_text(key)}",
             body, content_type=MERGE_PATCH,
         )
         return state_.group_record(data)
@@ -237,7 +237,7 @@ class ClusterApi:
         Only to put back what a running member's owner changed: placement writes them in the Binding."""
         body = {"metadata": {"uid": uid, "annotations": dict(annotations)}}
         await self._call(
-            "PATCH", _pod_path(key), f"annotate pod {key[0]}/{key[1]}", body, content_type=MERGE_PATCH
+            "PATCH", _pod_path(key), f"annotate pod {names.key_text(key)}", body, content_type=MERGE_PATCH
         )
 
     async def bind_pod(self, key: PodKey, uid: str, node: str, annotations: Mapping[str, str]) -> None:
@@ -249,7 +249,7 @@ class ClusterApi:
             "metadata": {"name": key[1], "namespace": key[0], "uid": uid, "annotations": dict(annotations)},
             "target": {"apiVersion": "v1", "kind": "Node", "name": node},
         }
-        await self._call("POST", _pod_path(key) + "/binding", f"bind pod {key[0]}/{key[1]} to {node}", body)
+        await self._call("POST", _pod_path(key) + "/binding", f"bind pod {names.key_text(key)} to {node}", body)
 
     async def set_pod_scheduled_condition(
         self, key: PodKey, *, status: str, reason: str, message: str
@@ -270,7 +270,7 @@ class ClusterApi:
             }
         }
         await self._call(
-            "PATCH", _pod_path(key) + "/status", f"set PodScheduled on pod {key[0]}/{key[1]}",
+            "PATCH", _pod_path(key) + "/status", f"set PodScheduled on pod {names.key_text(key)}",
             body, content_type=STRATEGIC_MERGE_PATCH,
         )
 
