@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from deviceshare.api import names
+from deviceshare.operator import state as state_
 from deviceshare.operator.config import OperatorConfig
 from deviceshare.operator.context import Context
 from deviceshare.operator.intake import Feed, Intake
@@ -56,8 +57,9 @@ class FakeApi:
     async def get_pod(self, key: tuple[str, str]) -> dict[str, Any] | None:
         return self.pods.get(key)
 
-    async def get_group_if_exists(self, key: tuple[str, str]) -> dict[str, Any] | None:
-        return self.groups.get(key)
+    async def read_group_if_exists(self, key: tuple[str, str]) -> state_.GroupRecord | None:
+        body = self.groups.get(key)
+        return None if body is None else state_.group_record(body)
 
 
 class Rig:
@@ -117,11 +119,7 @@ async def test_a_list_lacking_an_object_we_hold_forgets_it_only_if_we_saw_it_bef
     rig = Rig()
     rig.intake.on_pod("ADDED", pod("p", held_version))
 
-    class Reflector:  # the list's version, as the reflector that made the list holds it
-        resource_version = "10"
-
     feed = Feed(rig.ctx, "pod", lambda: rig.ctx.state.pods, rig.intake.on_pod, rig.intake.pod_gone)
-    feed.reflector = Reflector()  # type: ignore[assignment]
-    feed.replace([pod("other", 8)])
+    feed.replace([pod("other", 8)], resource_version="10")  # a list made at version 10
     assert (("ml", "p") not in rig.ctx.state.pods) is forgotten
     assert ("ml", "other") in rig.ctx.state.pods

@@ -44,14 +44,14 @@ class FakeApi:
         self.gone: set[tuple[str, str]] = set()
         self.down = False  # every read fails as an unreachable API server's would
 
-    async def get_group(self, key: tuple[str, str]) -> dict[str, Any]:
+    async def read_group(self, key: tuple[str, str]) -> state.GroupRecord:
         self.reads.append(key)
         if self.down:
             raise OSError("connection refused")
         if key in self.gone:
             raise storage.Gone("404")
         self.version += 1
-        return group_body(key, self.version)
+        return state.group_record(group_body(key, self.version))
 
 
 class FakeReconciler:

@@ -33,8 +33,9 @@ ListCall = Callable[..., Awaitable[Any]]
 class Sink(Protocol):
     """Receives a mirrored collection."""
 
-    def replace(self, objects: list[Object]) -> None:
-        """The complete current collection (after every list, including relists)."""
+    def replace(self, objects: list[Object], resource_version: str | None = None) -> None:
+        """The complete current collection (after every list, including relists), as of the list's
+        ``resource_version`` (None when the API sent none)."""
 
     def apply(self, event_type: str, obj: Object) -> None:
         """One change: ``ADDED``, ``MODIFIED`` or ``DELETED``."""
@@ -129,7 +130,7 @@ class Reflector:
             if not token:
                 break
         self.resource_version = str(meta.get("resourceVersion") or "") or None
-        self._sink.replace(items)
+        self._sink.replace(items, self.resource_version)
         self.relists += 1
         self._backoff.reset()
         self.synced.set()

@@ -53,8 +53,8 @@ class Intake:
         loop, api = asyncio.get_running_loop(), self.ctx.api
         groups = Feed(self.ctx, "group", lambda: self.ctx.state.groups, self.on_group, self.group_gone)
         pods = Feed(self.ctx, "pod", lambda: self.ctx.state.pods, self.on_pod, self.pod_gone)
-        self.group_reflector = groups.reflector = api.group_reflector(groups)
-        self.pod_reflector = pods.reflector = api.pod_reflector(pods)
+        self.group_reflector = api.group_reflector(groups)
+        self.pod_reflector = api.pod_reflector(pods)
         quota_reflector = api.quota_reflector(quotas)  # device budgets (quotas.py)
         return [
             loop.create_task(self.group_reflector.run(), name="watch groups"),
@@ -188,8 +188,8 @@ class Intake:
             self.pod_read(pod, body)
         listed = {str((b.get("metadata") or {}).get("uid", "")) for b in groups}
         for group in [g for g in ctx.state.groups.values() if g.uid not in listed]:
-            current = await ctx.api.get_group_if_exists(group.key)
-            if current is not None and (current.get("metadata") or {}).get("uid") == group.uid:
+            current = await ctx.api.read_group_if_exists(group.key)
+            if current is not None and current.uid == group.uid:
                 continue
             held = ctx.state.groups.get(group.key)
             if held is not None and held.uid == group.uid:
@@ -216,11 +216,8 @@ class Feed:
         self.ctx, self.kind = ctx, kind
         self._held, self._gone = held, gone
         self.apply = apply
-        # Set once the reflector feeding this exists (it takes this sink when it is made); its
-        # resourceVersion dates each list.
-        self.reflector: watching.Reflector | None = None
 
-    def replace(self, objects: list[Mapping[str, Any]]) -> None:
+    def replace(self, objects: list[Mapping[str, Any]], resource_version: str | None = None) -> None:
         held = self._held()
         listed: set[tuple[str, str]] = set()
         for body in objects:
@@ -233,11 +230,10 @@ class Feed:
             ):
                 continue  # we already hold this version or a newer one (a rebuild's list, our own write)
             self.apply("ADDED", body)
-        version = self.reflector.resource_version if self.reflector else None
-        if version is None:
+        if resource_version is None:  # undated: nothing it lacks can be called deleted
             return
         for key, have in list(held.items()):
-            if key not in listed and state_.newer(version, have.resource_version):
+            if key not in listed and state_.newer(resource_version, have.resource_version):
                 self.ctx.metrics.missed_deletions.labels(self.kind).inc()
                 self._gone(key, have.uid)
 

@@ -34,7 +34,7 @@ class QuotaCache:
         self.synced = False
         self._by_key: dict[tuple[str, str], budget.Quota] = {}
 
-    def replace(self, objects: list[Mapping[str, Any]]) -> None:
+    def replace(self, objects: list[Mapping[str, Any]], resource_version: str | None = None) -> None:
         self._by_key.clear()
         for obj in objects:
             self.apply("ADDED", obj)

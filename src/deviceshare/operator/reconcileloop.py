@@ -104,10 +104,10 @@ class ReconcileLoop:
     async def _read_again(self, gkey: state_.GroupKey) -> None:
         """The group as the API has it now, in place of our stale copy (gone: forgotten)."""
         try:
-            record = state_.group_record(await self.ctx.api.get_group(gkey))
+            record = await self.ctx.api.read_group(gkey)
         except storage.Gone:
             self.ctx.state.groups.pop(gkey, None)
         except Exception as e:  # the retry reads it again, or fails again and backs off further
             logger.debug("reading group %s/%s again failed: %s", *gkey, e)
         else:
-            self.ctx.state.upsert_group(record)
+            self.ctx.state.keep(record)

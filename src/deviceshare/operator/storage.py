@@ -147,24 +147,16 @@ class ClusterApi:
         data = await self._call("GET", f"/apis/{names.API_VERSION}/{names.PLURAL}", "list shareddevicegroups")
         return list(data.get("items") or [])
 
-    async def get_group(self, key: GroupKey) -> dict[str, Any]:
-        """The raw body, for the runtime's audit; everything else uses :meth:`read_group`."""
-        data: dict[str, Any] = await self._call("GET", _group_path(key), f"get shareddevicegroup {names.key_text(key)}")
-        return data
-
-    async def get_group_if_exists(self, key: GroupKey) -> dict[str, Any] | None:
-        try:
-            return await self.get_group(key)
-        except Gone:
-            return None
-
     async def read_group(self, key: GroupKey) -> state_.GroupRecord:
         """The group as the API shows it now (``Gone`` if it does not exist)."""
-        return state_.group_record(await self.get_group(key))
+        body = await self._call("GET", _group_path(key), f"get shareddevicegroup {names.key_text(key)}")
+        return state_.group_record(body)
 
     async def read_group_if_exists(self, key: GroupKey) -> state_.GroupRecord | None:
-        body = await self.get_group_if_exists(key)
-        return None if body is None else state_.group_record(body)
+        try:
+            return await self.read_group(key)
+        except Gone:
+            return None
 
     async def get_pod(self, key: PodKey) -> dict[str, Any] | None:
         """The pod as the API shows it now; None if it does not exist."""

@@ -49,7 +49,7 @@ class _Groups:
         self.specs: dict[Key, models.GroupSpec] = {}
         self.deleting: set[Key] = set()  # groups with a deletionTimestamp (held by the finalizer)
 
-    def replace(self, objects: list[watching.Object]) -> None:
+    def replace(self, objects: list[watching.Object], resource_version: str | None = None) -> None:
         self.specs, self.deleting = {}, set()
         for obj in objects:
             self.apply("ADDED", obj)
@@ -77,7 +77,7 @@ class _Members:
         self.group_of: dict[Key, str] = {}  # pod key -> group name
         self.counts: dict[Key, int] = {}  # group key -> live members
 
-    def replace(self, objects: list[watching.Object]) -> None:
+    def replace(self, objects: list[watching.Object], resource_version: str | None = None) -> None:
         self.group_of, self.counts = {}, {}
         for obj in objects:
             self.apply("ADDED", obj)
@@ -108,7 +108,7 @@ class _Quotas:
     def __init__(self) -> None:
         self.by_key: dict[Key, budget.Quota] = {}
 
-    def replace(self, objects: list[watching.Object]) -> None:
+    def replace(self, objects: list[watching.Object], resource_version: str | None = None) -> None:
         self.by_key = {}
         for obj in objects:
             self.apply("ADDED", obj)

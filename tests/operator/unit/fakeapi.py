@@ -104,6 +104,9 @@ class FakeApi(storage.ClusterApi):
             raise storage.Gone(f"shareddevicegroup {key[0]}/{key[1]} not found")
         return copy.deepcopy(self.groups[key])
 
+    async def read_group(self, key: tuple[str, str]) -> state.GroupRecord:
+        return state.group_record(await self.get_group(key))
+
     async def get_pod(self, key: tuple[str, str]) -> dict[str, Any] | None:
         return copy.deepcopy(self.pods[key]) if key in self.pods else None
 
