@@ -123,7 +123,7 @@ def verdict(
             Rule.NOT_ADMISSIBLE, f'pod did not pass admission for SharedDeviceGroup "{name}": {refused}'
         )
     if conflicting_with:
-        others = ", ".join(f"{ns}/{n}" for ns, n in sorted(conflicting_with))
+        others = ", ".join(map(names.key_text, sorted(conflicting_with)))
         return Refuse(
             Rule.CONFLICTED,
             f'SharedDeviceGroup "{name}" holds devices also claimed by {others}; '
