@@ -16,7 +16,8 @@ scores go to the node whose name sorts first, a fixed order that is itself a pac
   from ``binpack``'s order among the feasible nodes.
 
 Many nodes are in the same state, so the decision rates *classes* of nodes (:mod:`fgdindex`, kept
-current from the snapshot's shards), each once per group shape for as long as the measure holds; a
+current from the snapshot's shards), each once per group shape for as long as the measure holds
+(when the mix moves, the next measure is rated a few classes per decision, :mod:`fgdratings`); a
 node's signature is cached against its (immutable, replaced on change) ledger state. The naive form
 (:meth:`FGDPlacement.choose`) still rates each distinct state only once per decision.
 """
@@ -28,12 +29,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from deviceshare.api import models
-from deviceshare.core import capacity, fgdindex, inventory, shareplacement, workloadmix
+from deviceshare.core import capacity, fgdindex, fgdratings, inventory, shareplacement, workloadmix
 from deviceshare.core import fragmentation as frag
 from deviceshare.core import ledger as ledgers
 from deviceshare.core import placement as placements
 
-_Rating = tuple[int, tuple[int, ...]]  # (score, free values of the preferred devices)
+_Rating = fgdratings.Rating
 REFRESH = 200  # placements after which the measure follows the drifted mix
 
 
@@ -89,13 +90,12 @@ class FGDPlacement:
 
     def __init__(self, histogram: workloadmix.ShapeHistogram | None = None) -> None:
         self.histogram = histogram if histogram is not None else workloadmix.ShapeHistogram()
-        self._workload: tuple[frag.WeightedShape, ...] | None = None
-        self._measure = frag.Fragmentation(())
-        self._observed = 0  # placements seen since the measure was built
+        self._observed = 0  # placements seen since the current mix was last looked at
         self._signatures: dict[tuple[str, str], tuple[ledgers.NodeState, frag.Signature]] = {}
         self._classes: dict[str, fgdindex.SignatureClasses] = {}
-        self._ratings: dict[frag.Shape, dict[int, _Rating | None]] = {}  # shape -> class id -> rating
-        self._fresh_shape = False  # a shape never seen before was placed since the measure was built
+        # the active measure and its ratings, and the next one rated a few per decision
+        self.ratings = fgdratings.Ratings(lambda measure, sig, shape: _rate(measure, sig, shape))
+        self._fresh_shape = False  # a shape never seen before was placed since the mix was last looked at
 
     def observe(self, request: placements.GroupRequest, cpu_milli: int) -> None:
         """A group was placed (by any strategy): its shape joins the target workload."""
@@ -104,23 +104,34 @@ class FGDPlacement:
             self._fresh_shape |= shape not in self.histogram
             self.histogram.observe(shape)
             self._observed += 1
+        # Between placements, never during a decision: every decision until the next placement,
+        # indexed or naive, sees the same measure.
+        self.ratings.swap_if_ready()
+        if self.ratings.active is not None and self.ratings.pending is None and (
+            self._fresh_shape or self._observed >= REFRESH
+        ):
+            self._propose()
+
+    def _propose(self) -> None:
+        """Hand the current mix to the ratings (rated in the background, or at once if none is active)."""
+        weights = self.histogram.weights()
+        expected = sorted(weights, key=lambda s: -weights[s])  # the frequent shapes' turns come first
+        self.ratings.propose(self.histogram.workload(), expected)
+        self._observed, self._fresh_shape = 0, False
 
     def measure(self) -> frag.Fragmentation:
-        """The measure for the current mix.
+        """The measure decisions use now: the target workload's as of the last switch.
 
-        Rebuilt (and every memoised rating dropped) when a shape new to the histogram was placed,
-        or after ``REFRESH`` placements (shapes that faded out leave then): weights drift with every
-        placement, and re-rating every node state per decision for a drift of a fraction of a
-        percent would cost more than it changes.
+        The mix is looked at again when a shape new to the histogram was placed, or after
+        ``REFRESH`` placements (shapes that faded out leave then): weights drift with every
+        placement, and re-rating every node state for a drift of a fraction of a percent would cost
+        more than it changes. A changed mix is rated in the background and takes over once done
+        (:mod:`fgdratings`); the first decision takes the mix as it is.
         """
-        if self._workload is None or self._fresh_shape or self._observed >= REFRESH:
-            workload = self.histogram.workload()
-            if workload != self._workload:
-                self._workload = workload
-                self._measure = frag.Fragmentation(workload)
-                self._ratings.clear()
-            self._observed, self._fresh_shape = 0, False
-        return self._measure
+        if self.ratings.active is None:
+            self._propose()
+        assert self.ratings.active is not None
+        return self.ratings.active.measure
 
     def place(
         self,
@@ -145,15 +156,17 @@ class FGDPlacement:
         classes = self._classes.get(resource)
         if classes is not None and len(classes.signatures) > 4 * len(classes.classes) + 4096:
             classes = None  # states long gone pile up as ids: start the index over
-            self._ratings.clear()
+            self.ratings.clear()
         if classes is None:
             classes = self._classes[resource] = fgdindex.SignatureClasses(
                 resource, lambda state: self.signature(state, resource)
             )
         classes.update(snapshot)
-        self.measure()
-        ratings = self._ratings.setdefault(shape, {})
-        signatures, measure = classes.signatures, self._measure
+        measure = self.measure()
+        self.ratings.tend(self._classes)
+        assert self.ratings.active is not None
+        ratings = self.ratings.active.ratings.setdefault(shape, {})
+        signatures = classes.signatures
         rated = []
         for cid, members in classes.classes.items():
             try:
@@ -211,7 +224,7 @@ class FGDPlacement:
             return self._fallback(snapshot, request, feasible)
         if len(self._signatures) > 4 * len(snapshot.nodes) + 64:
             self._signatures.clear()  # nodes came and went: drop the dead entries
-        self.measure()
+        measure = self.measure()
         rated: dict[frag.Signature, _Rating | None] = {}
         best: ledgers.NodeState | None = None
         best_rating: _Rating = (-1, ())
@@ -220,7 +233,7 @@ class FGDPlacement:
             if sig in rated:
                 got = rated[sig]
             else:
-                got = rated[sig] = _rate(self._measure, sig, shape)
+                got = rated[sig] = _rate(measure, sig, shape)
             if got is not None and got[0] > best_rating[0]:
                 best, best_rating = state, got
         if best is None:
