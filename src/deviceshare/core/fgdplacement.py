@@ -96,11 +96,15 @@ class FGDPlacement:
         # the active measure and its ratings, and the next one rated a few per decision
         self.ratings = fgdratings.Ratings(lambda measure, sig, shape: _rate(measure, sig, shape))
         self._fresh_shape = False  # a shape never seen before was placed since the mix was last looked at
+        self._cpu_cap = 1  # signatures clamp free CPU here (see :meth:`_cover`)
+        for seen in self.histogram.weights():
+            self._cover(seen)
 
     def observe(self, request: placements.GroupRequest, cpu_milli: int) -> None:
         """A group was placed (by any strategy): its shape joins the target workload."""
         shape = shape_of(request.resources, request.share, cpu_milli)
         if shape is not None:
+            self._cover(shape)
             self._fresh_shape |= shape not in self.histogram
             self.histogram.observe(shape)
             self._observed += 1
@@ -111,6 +115,22 @@ class FGDPlacement:
             self._fresh_shape or self._observed >= REFRESH
         ):
             self._propose()
+
+    def _cover(self, shape: frag.Shape) -> None:
+        """Keep the CPU clamp of signatures at least twice any GPU shape's CPU seen (decided or placed).
+
+        FGD's measure and a rating see a node's free CPU only through comparisons with shapes' CPU:
+        whether the shape fits, and which workload shapes still fit before and after it lands. Past
+        the largest workload shape's CPU plus the placed shape's, more free CPU changes nothing,
+        so nodes that differ only there share a class (and a rating): most of a cluster's nodes.
+        A larger shape raises the clamp (to a power of two) and the index starts over.
+        """
+        if shape.num_gpu and 2 * shape.cpu_milli > self._cpu_cap:
+            while 2 * shape.cpu_milli > self._cpu_cap:
+                self._cpu_cap *= 2
+            self._signatures.clear()
+            self._classes.clear()
+            self.ratings.clear()
 
     def _propose(self) -> None:
         """Hand the current mix to the ratings (rated in the background, or at once if none is active)."""
@@ -151,6 +171,7 @@ class FGDPlacement:
         shape = shape_of(request.resources, request.share, pod.cpu_milli)
         if resource is None or shape is None or shape.num_gpu == 0:  # nothing for FGD to weigh: binpack
             return placements.place_on(snapshot, request, pod)
+        self._cover(shape)
         if len(self._signatures) > 4 * len(snapshot.nodes) + 64:
             self._signatures.clear()  # nodes came and went: drop the dead entries
         classes = self._classes.get(resource)
@@ -164,8 +185,9 @@ class FGDPlacement:
         classes.update(snapshot)
         measure = self.measure()
         self.ratings.tend(self._classes)
-        assert self.ratings.active is not None
-        ratings = self.ratings.active.ratings.setdefault(shape, {})
+        book = self.ratings.active
+        assert book is not None
+        ratings = book.ratings.setdefault(shape, {})
         signatures = classes.signatures
         rated = []
         for cid, members in classes.classes.items():
@@ -175,6 +197,7 @@ class FGDPlacement:
                 got = ratings[cid] = _rate(measure, signatures[cid], shape)
             if got is not None:
                 rated.append((-got[0], members[0], cid))
+        book.marks[shape] = len(signatures)  # every open class is rated: its catch-up starts from here
         rated.sort()
         nodes = snapshot.nodes
         i = 0
@@ -198,7 +221,7 @@ class FGDPlacement:
         if cached is not None and cached[0] is state:
             return cached[1]
         values = _free_values(state, resource).values()
-        sig = frag.signature_of(resource, state.info.cpu_milli - state.cpu_used, values)
+        sig = frag.signature_of(resource, min(state.info.cpu_milli - state.cpu_used, self._cpu_cap), values)
         self._signatures[key] = (state, sig)
         return sig
 
@@ -222,6 +245,7 @@ class FGDPlacement:
         shape = shape_of(request.resources, request.share, cpu_milli)
         if resource is None or shape is None or shape.num_gpu == 0:
             return self._fallback(snapshot, request, feasible)
+        self._cover(shape)
         if len(self._signatures) > 4 * len(snapshot.nodes) + 64:
             self._signatures.clear()  # nodes came and went: drop the dead entries
         measure = self.measure()
@@ -296,10 +320,11 @@ class _ForPod(_Naive):
 
 def _rate(measure: frag.Fragmentation, sig: frag.Signature, shape: frag.Shape) -> _Rating | None:
     """FGD's score of the best placement on a node in state ``sig``; None if the shape does not fit it."""
-    gpus = sig[2]
-    fitting = [v for v in gpus if v >= shape.gpu_milli]
-    if len(fitting) < shape.num_gpu or sig[1] < shape.cpu_milli:
+    gpus, need = sig[2], shape.num_gpu
+    # most (state, shape) pairs do not fit: tell at once (``gpus`` is sorted, most free first)
+    if sig[1] < shape.cpu_milli or (need and (len(gpus) < need or gpus[need - 1] < shape.gpu_milli)):
         return None
+    fitting = [v for v in gpus if v >= shape.gpu_milli]
     before = measure(sig)
     if shape.gpu_milli >= frag.MILLI:
         return frag.sigmoid_score(before, measure(frag.after_whole(sig, shape))), ()

@@ -9,9 +9,12 @@ once. It becomes *pending*: each decision rates a few (shape, class) pairs for i
 shape in the order of the mix, and only when every known shape has had its turn over the classes
 of the day does the pending measure replace the active one, between two placements
 (:meth:`Ratings.swap_if_ready`, called when a placement is observed). Decisions between two
-placements thus all see one measure, whichever path (indexed or naive) takes them. With nothing
-pending the same turns catch the active ratings up, so that a shape seldom seen does not meet a
-pile of classes unrated on its next decision (the replay's :meth:`nodeclasses.Cluster._tidy`).
+placements thus all see one measure, whichever path (indexed or naive) takes them. Once the pass
+is over, the same turns catch each shape up on the classes that appeared since it was last rated
+(class ids only grow, so a watermark per shape finds them without a scan): a shape seldom seen
+does not meet a pile of classes unrated on its next decision (the replay's
+:meth:`nodeclasses.Cluster._tidy`). The work per decision is counted in units, a rating that fits
+costing more (its after-states are measured) than one that does not.
 
 The price: a new mix weighs in a few hundred placements late at most (it is rebuilt every
 ``REFRESH`` placements anyway), and a shape new to the mix counts in the measure once the pending
@@ -28,17 +31,21 @@ from deviceshare.core import fragmentation as frag
 
 Rating = tuple[int, tuple[int, ...]]  # (score, free values of the preferred devices)
 RateFn = Callable[[frag.Fragmentation, frag.Signature, frag.Shape], Rating | None]
-BUDGET = 12  # (shape, class) ratings done per decision for the pending measure (or the active one's catch-up)
-_SHAPES_PER_TURN = 3  # shapes scanned per decision at most: a scan over rated classes costs too
+BUDGET = 40  # work units per decision for the background ratings
+_FITS, _MISSES, _SCANS = 12, 1, 16  # units: a rating that fits, one that does not; classes scanned per unit
 
 
 @dataclass(slots=True)
 class Book:
-    """One measure and what it has rated: shape -> class id -> rating (None: does not fit)."""
+    """One measure and what it has rated: shape -> class id -> rating (None: does not fit).
+
+    ``marks[shape]``: every open class with a lower id had been rated for the shape (at the time).
+    """
 
     workload: tuple[frag.WeightedShape, ...]
     measure: frag.Fragmentation
     ratings: dict[frag.Shape, dict[int, Rating | None]] = field(default_factory=dict)
+    marks: dict[frag.Shape, int] = field(default_factory=dict)
 
     @classmethod
     def of(cls, workload: tuple[frag.WeightedShape, ...]) -> Book:
@@ -56,11 +63,12 @@ class Ratings:
         self.active: Book | None = None
         self.pending: Book | None = None
         self._shapes: list[frag.Shape] = []  # the shapes the turns visit, heaviest first
-        self._turn = 0  # index into _shapes; for a pending book, == len(_shapes) once every shape had its turn
+        self._turn = 0  # the pending pass: index into _shapes, len(_shapes) once every shape had its turn
+        self._tidy = 0  # the catch-up rotation: index into _shapes
 
     def activate(self, workload: tuple[frag.WeightedShape, ...]) -> Book:
         """Replace the measure now, every rating dropped (the first decision: nothing to serve meanwhile)."""
-        self.active, self.pending, self._turn = Book.of(workload), None, 0
+        self.active, self.pending = Book.of(workload), None
         return self.active
 
     def propose(self, workload: tuple[frag.WeightedShape, ...], shapes: Iterable[frag.Shape]) -> None:
@@ -72,11 +80,10 @@ class Ratings:
         if self.pending is not None:
             return
         self._shapes = [s for s in shapes if s.num_gpu > 0]
-        self._turn = 0
         if self.active is None:
             self.activate(workload)
         elif workload != self.active.workload:
-            self.pending = Book.of(workload)
+            self.pending, self._turn = Book.of(workload), 0
 
     @property
     def ready(self) -> bool:
@@ -86,7 +93,7 @@ class Ratings:
         """Between placements: the pending measure takes over once every shape had its turn."""
         if self.pending is None or not self.ready:
             return False
-        self.active, self.pending, self._turn = self.pending, None, 0
+        self.active, self.pending = self.pending, None
         return True
 
     def clear(self) -> None:
@@ -94,32 +101,68 @@ class Ratings:
         for book in (self.active, self.pending):
             if book is not None:
                 book.ratings.clear()
-        if self.pending is not None:
-            self._turn = 0
+                book.marks.clear()
+        self._turn = 0
 
     def tend(self, indexes: Mapping[str, fgdindex.SignatureClasses]) -> int:
-        """Rate up to ``budget`` (shape, open class) pairs not rated yet, shape after shape; how many were.
+        """Spend up to ``budget`` units rating (shape, open class) pairs ahead of decisions; the units spent.
 
-        For the pending book while there is one (its pass ends when the last shape is done), else the
-        active book's catch-up in rotation. A shape's resource is its ``gpu_spec`` (:func:`shape_of`).
+        The pending book's pass first (every open class, shape after shape), then catch-up turns on
+        the book decisions will use next (classes new since the shape's mark). A shape's resource is
+        its ``gpu_spec`` (:func:`fgdplacement.shape_of`).
         """
+        left = self.budget
+        if self.pending is not None and not self.ready:
+            left = self._pass(self.pending, indexes, left)
         book = self.pending if self.pending is not None else self.active
-        if book is None or not self._shapes:
-            return 0
-        pending, left = book is self.pending, self.budget
-        for _ in range(_SHAPES_PER_TURN):
-            if pending and self._turn >= len(self._shapes):
-                break
-            shape = self._shapes[self._turn % len(self._shapes)]
+        if left > 0 and book is not None and self._shapes and (self.pending is None or self.ready):
+            left = self._catch_up(book, indexes, left)
+        return self.budget - left
+
+    def _pass(self, book: Book, indexes: Mapping[str, fgdindex.SignatureClasses], left: int) -> int:
+        while left > 0 and self._turn < len(self._shapes):
+            shape = self._shapes[self._turn]
             index = indexes.get(shape.gpu_spec)
             if index is not None:
                 ratings = book.ratings.setdefault(shape, {})
+                # whether a shape fits a state does not depend on the measure: misses carry over
+                before = self.active.ratings.get(shape, {}) if self.active is not None else {}
                 signatures, rate, measure = index.signatures, self._rate, book.measure
+                left -= len(index.classes) // _SCANS
                 for cid in index.classes:
                     if cid not in ratings:
-                        if not left:
-                            return self.budget
-                        ratings[cid] = rate(measure, signatures[cid], shape)
+                        if cid in before and before[cid] is None:
+                            ratings[cid] = None
+                            continue
+                        if left <= 0:
+                            return left
+                        got = ratings[cid] = rate(measure, signatures[cid], shape)
+                        left -= _MISSES if got is None else _FITS
+                book.marks[shape] = len(signatures)
+            self._turn += 1
+        return left
+
+    def _catch_up(self, book: Book, indexes: Mapping[str, fgdindex.SignatureClasses], left: int) -> int:
+        for _ in range(len(self._shapes)):
+            if left <= 0:
+                break
+            shape = self._shapes[self._tidy % len(self._shapes)]
+            index = indexes.get(shape.gpu_spec)
+            if index is not None:
+                ratings = book.ratings.setdefault(shape, {})
+                signatures, rate, measure, classes = index.signatures, self._rate, book.measure, index.classes
+                cid, end = book.marks.get(shape, 0), len(signatures)
+                while cid < end:
+                    if cid in classes and cid not in ratings:
+                        if left <= 0:
+                            break
+                        got = ratings[cid] = rate(measure, signatures[cid], shape)
+                        left -= _MISSES if got is None else _FITS
+                    cid += 1
+                    if not cid % _SCANS:
                         left -= 1
-            self._turn = self._turn + 1 if pending else (self._turn + 1) % len(self._shapes)
-        return self.budget - left
+                book.marks[shape] = cid
+                if cid < end:
+                    return left  # out of units: this shape goes on next time
+            self._tidy += 1
+        return left
