@@ -92,6 +92,7 @@ class FGDPlacement:
         self.histogram = histogram if histogram is not None else workloadmix.ShapeHistogram()
         self._observed = 0  # placements seen since the current mix was last looked at
         self._signatures: dict[tuple[str, str], tuple[ledgers.NodeState, frag.Signature]] = {}
+        self._signature_room = 0  # entries the cache may hold before nodes are counted again
         self._classes: dict[str, fgdindex.SignatureClasses] = {}
         # the active measure and its ratings, and the next one rated a few per decision
         self.ratings = fgdratings.Ratings(lambda measure, sig, shape: _rate(measure, sig, shape))
@@ -172,8 +173,10 @@ class FGDPlacement:
         if resource is None or shape is None or shape.num_gpu == 0:  # nothing for FGD to weigh: binpack
             return placements.place_on(snapshot, request, pod)
         self._cover(shape)
-        if len(self._signatures) > 4 * len(snapshot.nodes) + 64:
-            self._signatures.clear()  # nodes came and went: drop the dead entries
+        if len(self._signatures) > self._signature_room:  # counting nodes costs: only past the last count
+            self._signature_room = 4 * len(snapshot.nodes) + 64
+            if len(self._signatures) > self._signature_room:
+                self._signatures.clear()  # nodes came and went: drop the dead entries
         classes = self._classes.get(resource)
         if classes is not None and len(classes.signatures) > 4 * len(classes.classes) + 4096:
             classes = None  # states long gone pile up as ids: start the index over

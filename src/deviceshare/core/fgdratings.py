@@ -65,10 +65,11 @@ class Ratings:
         self._shapes: list[frag.Shape] = []  # the shapes the turns visit, heaviest first
         self._turn = 0  # the pending pass: index into _shapes, len(_shapes) once every shape had its turn
         self._tidy = 0  # the catch-up rotation: index into _shapes
+        self._clean: tuple[int, int] | None = None  # (book id, class ids in all indexes) when nothing was left
 
     def activate(self, workload: tuple[frag.WeightedShape, ...]) -> Book:
         """Replace the measure now, every rating dropped (the first decision: nothing to serve meanwhile)."""
-        self.active, self.pending = Book.of(workload), None
+        self.active, self.pending, self._clean = Book.of(workload), None, None
         return self.active
 
     def propose(self, workload: tuple[frag.WeightedShape, ...], shapes: Iterable[frag.Shape]) -> None:
@@ -93,7 +94,7 @@ class Ratings:
         """Between placements: the pending measure takes over once every shape had its turn."""
         if self.pending is None or not self.ready:
             return False
-        self.active, self.pending = self.pending, None
+        self.active, self.pending, self._clean = self.pending, None, None
         return True
 
     def clear(self) -> None:
@@ -102,7 +103,7 @@ class Ratings:
             if book is not None:
                 book.ratings.clear()
                 book.marks.clear()
-        self._turn = 0
+        self._turn, self._clean = 0, None
 
     def tend(self, indexes: Mapping[str, fgdindex.SignatureClasses]) -> int:
         """Spend up to ``budget`` units rating (shape, open class) pairs ahead of decisions; the units spent.
@@ -143,6 +144,11 @@ class Ratings:
         return left
 
     def _catch_up(self, book: Book, indexes: Mapping[str, fgdindex.SignatureClasses], left: int) -> int:
+        # no class new since every shape was caught up: skip the rotation (it hashes every shape)
+        state = (id(book), sum(len(index.signatures) for index in indexes.values()))
+        if self._clean == state:
+            return left
+        idle = left
         for _ in range(len(self._shapes)):
             if left <= 0:
                 break
@@ -165,4 +171,6 @@ class Ratings:
                 if cid < end:
                     return left  # out of units: this shape goes on next time
             self._tidy += 1
+        if left == idle:
+            self._clean = state
         return left
