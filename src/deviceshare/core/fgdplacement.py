@@ -88,7 +88,10 @@ def _free_values(state: ledgers.NodeState, resource: str) -> dict[str, int]:
 class FGDPlacement:
     """The ``fgd`` strategy: FGD's node and device choice against a learned target workload."""
 
-    def __init__(self, histogram: workloadmix.ShapeHistogram | None = None) -> None:
+    def __init__(self, histogram: workloadmix.ShapeHistogram | None = None, refresh: int = REFRESH) -> None:
+        if refresh < 1:
+            raise ValueError(f"refresh must be at least 1 placement, got {refresh}")
+        self.refresh = refresh
         self.histogram = histogram if histogram is not None else workloadmix.ShapeHistogram()
         self._observed = 0  # placements seen since the current mix was last looked at
         self._signatures: dict[tuple[str, str], tuple[ledgers.NodeState, frag.Signature]] = {}
@@ -113,7 +116,7 @@ class FGDPlacement:
         # indexed or naive, sees the same measure.
         self.ratings.swap_if_ready()
         if self.ratings.active is not None and self.ratings.pending is None and (
-            self._fresh_shape or self._observed >= REFRESH
+            self._fresh_shape or self._observed >= self.refresh
         ):
             self._propose()
 
@@ -144,7 +147,7 @@ class FGDPlacement:
         """The measure decisions use now: the target workload's as of the last switch.
 
         The mix is looked at again when a shape new to the histogram was placed, or after
-        ``REFRESH`` placements (shapes that faded out leave then): weights drift with every
+        ``refresh`` placements (shapes that faded out leave then): weights drift with every
         placement, and re-rating every node state for a drift of a fraction of a percent would cost
         more than it changes. A changed mix is rated in the background and takes over once done
         (:mod:`fgdratings`); the first decision takes the mix as it is.
