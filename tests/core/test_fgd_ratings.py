@@ -34,7 +34,7 @@ def _stale(policy: fgdplacement.FGDPlacement) -> list[tuple[frag.Shape, int]]:
         for shape, ratings in book.ratings.items():
             index = policy._classes[shape.gpu_spec]
             for cid, got in ratings.items():
-                if got != fgdplacement._rate(book.measure, index.signatures[cid], shape):
+                if got != fgdratings.rate(book.measure, index.signatures[cid], shape):
                     wrong.append((shape, cid))
     return wrong
 
@@ -52,7 +52,7 @@ def _unclamped_choice(
         if not placement._fits(state, request, pod):
             continue
         values = fgdplacement._free_values(state, GPU).values()
-        got = fgdplacement._rate(policy.measure(), frag.signature_of(GPU, state.info.cpu_milli - state.cpu_used,
+        got = fgdratings.rate(policy.measure(), frag.signature_of(GPU, state.info.cpu_milli - state.cpu_used,
                                                                      values), shape)
         if got is not None and got[0] > best_score:
             best, best_score = name, got[0]
@@ -167,4 +167,4 @@ def test_background_work_stays_within_its_budget_and_a_bad_budget_is_named() -> 
     spent = policy.ratings.tend(policy._classes)
     assert spent <= 5 + fgdratings._FITS  # the last rating may overrun the units left
     with pytest.raises(ValueError, match="budget must be at least 1, got 0"):
-        fgdratings.Ratings(fgdplacement._rate, budget=0)
+        fgdratings.Ratings(fgdratings.rate, budget=0)

@@ -98,7 +98,8 @@ class FGDPlacement:
         self._signature_room = 0  # entries the cache may hold before nodes are counted again
         self._classes: dict[str, fgdindex.SignatureClasses] = {}
         # the active measure and its ratings, and the next one rated a few per decision
-        self.ratings = fgdratings.Ratings(lambda measure, sig, shape: _rate(measure, sig, shape))
+        # the rating looked up per call, so that a test can count them
+        self.ratings = fgdratings.Ratings(lambda measure, sig, shape: fgdratings.rate(measure, sig, shape))
         self._fresh_shape = False  # a shape never seen before was placed since the mix was last looked at
         self._cpu_cap = 1  # signatures clamp free CPU here (see :meth:`_cover`)
         for seen in self.histogram.weights():
@@ -200,7 +201,7 @@ class FGDPlacement:
             try:
                 got = ratings[cid]
             except KeyError:
-                got = ratings[cid] = _rate(measure, signatures[cid], shape)
+                got = ratings[cid] = fgdratings.rate(measure, signatures[cid], shape)
             if got is not None:
                 rated.append((-got[0], members[0], cid))
         book.marks[shape] = len(signatures)  # every open class is rated: its catch-up starts from here
@@ -263,7 +264,7 @@ class FGDPlacement:
             if sig in rated:
                 got = rated[sig]
             else:
-                got = rated[sig] = _rate(measure, sig, shape)
+                got = rated[sig] = fgdratings.rate(measure, sig, shape)
             if got is not None and got[0] > best_rating[0]:
                 best, best_rating = state, got
         if best is None:
@@ -322,27 +323,6 @@ class _ForPod(_Naive):
         fits: Callable[[ledgers.NodeState], bool],
     ) -> placements.Placement | placements.Unschedulable:
         return self.policy.place(snapshot, request, pod, fits)
-
-
-def _rate(measure: frag.Fragmentation, sig: frag.Signature, shape: frag.Shape) -> _Rating | None:
-    """FGD's score of the best placement on a node in state ``sig``; None if the shape does not fit it."""
-    gpus, need = sig[2], shape.num_gpu
-    # most (state, shape) pairs do not fit: tell at once (``gpus`` is sorted, most free first)
-    if sig[1] < shape.cpu_milli or (need and (len(gpus) < need or gpus[need - 1] < shape.gpu_milli)):
-        return None
-    fitting = [v for v in gpus if v >= shape.gpu_milli]
-    before = measure(sig)
-    if shape.gpu_milli >= frag.MILLI:
-        return frag.sigmoid_score(before, measure(frag.after_whole(sig, shape))), ()
-    if shape.num_gpu > 1:  # a share on several devices: the tightest that fit, as binpack takes them
-        rest = list(gpus)
-        for value in sorted(fitting)[: shape.num_gpu]:
-            rest[rest.index(value)] -= shape.gpu_milli
-        after = frag.signature_of(sig[0], sig[1] - shape.cpu_milli, rest)
-        return frag.sigmoid_score(before, measure(after)), ()
-    scored = {v: frag.sigmoid_score(before, measure(frag.after_share(sig, shape, v))) for v in set(fitting)}
-    top = max(scored.values())
-    return top, tuple(sorted(v for v, s in scored.items() if s == top))
 
 
 def _device_for(

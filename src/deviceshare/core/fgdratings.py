@@ -174,3 +174,24 @@ class Ratings:
         if left == idle:
             self._clean = state
         return left
+
+
+def rate(measure: frag.Fragmentation, sig: frag.Signature, shape: frag.Shape) -> Rating | None:
+    """FGD's score of the best placement on a node in state ``sig``; None if the shape does not fit it."""
+    gpus, need = sig[2], shape.num_gpu
+    # most (state, shape) pairs do not fit: tell at once (``gpus`` is sorted, most free first)
+    if sig[1] < shape.cpu_milli or (need and (len(gpus) < need or gpus[need - 1] < shape.gpu_milli)):
+        return None
+    fitting = [v for v in gpus if v >= shape.gpu_milli]
+    before = measure(sig)
+    if shape.gpu_milli >= frag.MILLI:
+        return frag.sigmoid_score(before, measure(frag.after_whole(sig, shape))), ()
+    if shape.num_gpu > 1:  # a share on several devices: the tightest that fit, as binpack takes them
+        rest = list(gpus)
+        for value in sorted(fitting)[: shape.num_gpu]:
+            rest[rest.index(value)] -= shape.gpu_milli
+        after = frag.signature_of(sig[0], sig[1] - shape.cpu_milli, rest)
+        return frag.sigmoid_score(before, measure(after)), ()
+    scored = {v: frag.sigmoid_score(before, measure(frag.after_share(sig, shape, v))) for v in set(fitting)}
+    top = max(scored.values())
+    return top, tuple(sorted(v for v, s in scored.items() if s == top))
