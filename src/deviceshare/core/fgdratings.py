@@ -130,7 +130,6 @@ class Ratings:
                 # whether a shape fits a state does not depend on the measure: misses carry over
                 before = self.active.ratings.get(shape, {}) if self.active is not None else {}
                 signatures, rate, measure = index.signatures, self._rate, book.measure
-                left -= len(index.classes) // _SCANS
                 for cid in index.classes:
                     if cid not in ratings:
                         if cid in before and before[cid] is None:
@@ -141,6 +140,7 @@ class Ratings:
                         got = ratings[cid] = rate(measure, signatures[cid], shape)
                         left -= _MISSES if got is None else _FITS
                 book.marks[shape] = len(signatures)
+                left -= 1 + len(index.classes) // _SCANS  # a turn costs its lookups (charged after: progress)
             self._turn += 1
         return left
 
@@ -149,16 +149,18 @@ class Ratings:
         state = (id(book), sum(len(index.signatures) for index in indexes.values()))
         if self._clean == state:
             return left
-        idle = left
+        visited, moved = 0, False
         for _ in range(len(self._shapes)):
             if left <= 0:
                 break
+            visited += 1
             shape = self._shapes[self._tidy % len(self._shapes)]
             index = indexes.get(shape.gpu_spec)
             if index is not None:
                 ratings = book.ratings.setdefault(shape, {})
                 signatures, rate, measure, classes = index.signatures, self._rate, book.measure, index.classes
-                cid, end = book.marks.get(shape, 0), len(signatures)
+                start = cid = book.marks.get(shape, 0)
+                end = len(signatures)
                 while cid < end:
                     if cid in classes and cid not in ratings:
                         if left <= 0:
@@ -169,10 +171,12 @@ class Ratings:
                     if not cid % _SCANS:
                         left -= 1
                 book.marks[shape] = cid
+                moved |= cid != start
                 if cid < end:
                     return left  # out of units: this shape goes on next time
             self._tidy += 1
-        if left == idle:
+            left -= 1  # with many shapes known, their turns alone must not take the decision's time
+        if visited == len(self._shapes) and not moved:
             self._clean = state
         return left
 
