@@ -89,8 +89,11 @@ def _ms(values: list[float], q: float) -> float:
 def run(quick: bool) -> str:
     nodes, gpus, decisions, every = (500, 8, 300, 5) if quick else (5000, 8, 1000, 20)
     rows = []
+    fgd_p99 = fgd_cpu_p99 = 0.0
     for strategy in ("binpack", "fgd"):
         t = _churn(strategy, nodes, gpus, decisions, every, seed=11)
+        if strategy == "fgd":
+            fgd_p99, fgd_cpu_p99 = _ms(t["placed"], 0.99), _ms(t["cpu"], 0.99)
         rows.append(f"| `{strategy}` | {len(t['placed'])} | {_ms(t['placed'], 0.5):.3f} | {_ms(t['placed'], 0.99):.3f} "
                     f"| {_ms(t['placed'], 0.999):.3f} | {_ms(t['cpu'], 0.99):.3f} "
                     f"| {len(t['unplaced'])} | {_ms(t['unplaced'], 0.5):.1f} |")
@@ -104,16 +107,22 @@ def run(quick: bool) -> str:
 ~70% and churned ({decisions:,} arrivals, a random older group leaving after each; each group's
 pod accounted, so nodes differ in free CPU too), once with every group
 `binpack` and once with every group `fgd` (the operator's FGD policy, target workload learned from
-the groups placed). fgd rates *classes* of open nodes in the same state (kept current by diffing the
-ledger snapshot's shards), then walks the best-scoring classes in node-name order through the full
-filter; the naive form offers it every feasible node (each distinct state still rated once), on the
-same snapshot, and must decide the same. Times per decision, wall clock unless noted.
+the groups placed). fgd rates *classes* of open nodes in the same state (free CPU counted up to twice
+the largest shape's, past which no rating tells nodes apart; kept current by diffing the ledger
+snapshot's shards), then walks the best-scoring classes in node-name order through the full filter;
+the naive form offers it every feasible node (each distinct state still rated once), on the same
+snapshot, and must decide the same. Times per decision, wall clock unless noted.
 
 | strategy | placed | p50 (ms) | p99 (ms) | p99.9 (ms) | p99 CPU time (ms) | unschedulable | unschedulable p50 (ms) |
 |---|---:|---:|---:|---:|---:|---:|---:|
 {table}
 
-Unschedulable decisions scan every node to count reasons, for every strategy. The fgd tail is the
-decisions that re-rate every class: the measure is rebuilt when a shape new to the histogram is placed
-and every 200 placements (the learned mix drifts), and a state never seen before is rated on first sight.
+Unschedulable decisions scan every node to count reasons, for every strategy. The learned mix is
+looked at again every 200 placements and when a shape new to it is placed; a moved mix is rated in the
+background, a few (shape, class) pairs per decision, and takes over between two placements once every
+shape had its turn (until then decisions keep the previous one), so no decision re-rates every class.
+What a decision still rates itself: the states new since its shape was last caught up.
+
+Target: fgd p99 below {bench_core.P99_TARGET_MS:g} ms — **{"met" if fgd_p99 < bench_core.P99_TARGET_MS else "NOT met"}**
+on the wall clock, **{"met" if fgd_cpu_p99 < bench_core.P99_TARGET_MS else "NOT met"}** in CPU time.
 """

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from tests.core import builders
 
-from deviceshare.core import capacity, fgdindex, fgdplacement, inventory, ledger, placement, workloadmix
+from deviceshare.core import capacity, fgdindex, fgdplacement, fgdratings, inventory, ledger, placement, workloadmix
 from deviceshare.core import fragmentation as frag
 
 GPU = builders.GPU
@@ -95,13 +95,13 @@ def test_each_distinct_node_state_is_rated_once_per_decision(monkeypatch: pytest
         book.upsert_node(builders.node(f"n{i:02}", gpus=8))
     book.reserve(("ns", "busy"), "n07", {GPU: ["0"]})
     calls: list[frag.Signature] = []
-    real = fgdplacement._rate
+    real = fgdratings.rate
 
     def counting(measure: frag.Fragmentation, sig: frag.Signature, shape: frag.Shape) -> object:
         calls.append(sig)
         return real(measure, sig, shape)
 
-    monkeypatch.setattr(fgdplacement, "_rate", counting)
+    monkeypatch.setattr(fgdratings, "rate", counting)
     _place(book, _policy({WHOLE_1: 1}), _request("g"))
     assert len(calls) == 2  # 49 fresh nodes share one state; n07 is the other
 

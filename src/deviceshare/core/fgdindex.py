@@ -48,17 +48,16 @@ class SignatureClasses:
 
     def update(self, snapshot: ledgers.LedgerSnapshot) -> None:
         """Catch up with ``snapshot``: only shards the ledger replaced since the last call are read."""
+        states = self._states
         for i, shard in enumerate(snapshot.nodes.shards):
             old = self._shards[i]
             if shard is old:
                 continue
-            for name, state in shard.items():
-                if self._states.get(name) is not state:
-                    self._file(name, state)
-            if old is not None:
-                for name in old:
-                    if name not in shard:
-                        self._file(name, None)
+            for name, state in [(n, s) for n, s in shard.items() if states.get(n) is not s]:
+                self._file(name, state)
+            if old is not None and old.keys() != shard.keys():  # nodes left (a set comparison, in C)
+                for name in old.keys() - shard.keys():
+                    self._file(name, None)
             self._shards[i] = shard
 
     def _file(self, name: str, state: ledgers.NodeState | None) -> None:

@@ -16,7 +16,8 @@ scores go to the node whose name sorts first, a fixed order that is itself a pac
   from ``binpack``'s order among the feasible nodes.
 
 Many nodes are in the same state, so the decision rates *classes* of nodes (:mod:`fgdindex`, kept
-current from the snapshot's shards), each once per group shape for as long as the measure holds; a
+current from the snapshot's shards), each once per group shape for as long as the measure holds
+(when the mix moves, the next measure is rated a few classes per decision, :mod:`fgdratings`); a
 node's signature is cached against its (immutable, replaced on change) ledger state. The naive form
 (:meth:`FGDPlacement.choose`) still rates each distinct state only once per decision.
 """
@@ -28,12 +29,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from deviceshare.api import models
-from deviceshare.core import capacity, fgdindex, inventory, shareplacement, workloadmix
+from deviceshare.core import capacity, fgdindex, fgdratings, inventory, shareplacement, workloadmix
 from deviceshare.core import fragmentation as frag
 from deviceshare.core import ledger as ledgers
 from deviceshare.core import placement as placements
 
-_Rating = tuple[int, tuple[int, ...]]  # (score, free values of the preferred devices)
+_Rating = fgdratings.Rating
 REFRESH = 200  # placements after which the measure follows the drifted mix
 
 
@@ -87,40 +88,75 @@ def _free_values(state: ledgers.NodeState, resource: str) -> dict[str, int]:
 class FGDPlacement:
     """The ``fgd`` strategy: FGD's node and device choice against a learned target workload."""
 
-    def __init__(self, histogram: workloadmix.ShapeHistogram | None = None) -> None:
+    def __init__(self, histogram: workloadmix.ShapeHistogram | None = None, refresh: int = REFRESH) -> None:
+        if refresh < 1:
+            raise ValueError(f"refresh must be at least 1 placement, got {refresh}")
+        self.refresh = refresh
         self.histogram = histogram if histogram is not None else workloadmix.ShapeHistogram()
-        self._workload: tuple[frag.WeightedShape, ...] | None = None
-        self._measure = frag.Fragmentation(())
-        self._observed = 0  # placements seen since the measure was built
+        self._observed = 0  # placements seen since the current mix was last looked at
         self._signatures: dict[tuple[str, str], tuple[ledgers.NodeState, frag.Signature]] = {}
+        self._signature_room = 0  # entries the cache may hold before nodes are counted again
         self._classes: dict[str, fgdindex.SignatureClasses] = {}
-        self._ratings: dict[frag.Shape, dict[int, _Rating | None]] = {}  # shape -> class id -> rating
-        self._fresh_shape = False  # a shape never seen before was placed since the measure was built
+        # the active measure and its ratings, and the next one rated a few per decision
+        # the rating looked up per call, so that a test can count them
+        self.ratings = fgdratings.Ratings(lambda measure, sig, shape: fgdratings.rate(measure, sig, shape))
+        self._fresh_shape = False  # a shape never seen before was placed since the mix was last looked at
+        self._cpu_cap = 1  # signatures clamp free CPU here (see :meth:`_cover`)
+        for seen in self.histogram.weights():
+            self._cover(seen)
 
     def observe(self, request: placements.GroupRequest, cpu_milli: int) -> None:
         """A group was placed (by any strategy): its shape joins the target workload."""
         shape = shape_of(request.resources, request.share, cpu_milli)
         if shape is not None:
+            self._cover(shape)
             self._fresh_shape |= shape not in self.histogram
             self.histogram.observe(shape)
             self._observed += 1
+        # Between placements, never during a decision: every decision until the next placement,
+        # indexed or naive, sees the same measure.
+        self.ratings.swap_if_ready()
+        if self.ratings.active is not None and self.ratings.pending is None and (
+            self._fresh_shape or self._observed >= self.refresh
+        ):
+            self._propose()
+
+    def _cover(self, shape: frag.Shape) -> None:
+        """Keep the CPU clamp of signatures at least twice any GPU shape's CPU seen (decided or placed).
+
+        FGD's measure and a rating see a node's free CPU only through comparisons with shapes' CPU:
+        whether the shape fits, and which workload shapes still fit before and after it lands. Past
+        the largest workload shape's CPU plus the placed shape's, more free CPU changes nothing,
+        so nodes that differ only there share a class (and a rating): most of a cluster's nodes.
+        A larger shape raises the clamp (to a power of two) and the index starts over.
+        """
+        if shape.num_gpu and 2 * shape.cpu_milli > self._cpu_cap:
+            while 2 * shape.cpu_milli > self._cpu_cap:
+                self._cpu_cap *= 2
+            self._signatures.clear()
+            self._classes.clear()
+            self.ratings.clear()
+
+    def _propose(self) -> None:
+        """Hand the current mix to the ratings (rated in the background, or at once if none is active)."""
+        weights = self.histogram.weights()
+        expected = sorted(weights, key=lambda s: -weights[s])  # the frequent shapes' turns come first
+        self.ratings.propose(self.histogram.workload(), expected)
+        self._observed, self._fresh_shape = 0, False
 
     def measure(self) -> frag.Fragmentation:
-        """The measure for the current mix.
+        """The measure decisions use now: the target workload's as of the last switch.
 
-        Rebuilt (and every memoised rating dropped) when a shape new to the histogram was placed,
-        or after ``REFRESH`` placements (shapes that faded out leave then): weights drift with every
-        placement, and re-rating every node state per decision for a drift of a fraction of a
-        percent would cost more than it changes.
+        The mix is looked at again when a shape new to the histogram was placed, or after
+        ``refresh`` placements (shapes that faded out leave then): weights drift with every
+        placement, and re-rating every node state for a drift of a fraction of a percent would cost
+        more than it changes. A changed mix is rated in the background and takes over once done
+        (:mod:`fgdratings`); the first decision takes the mix as it is.
         """
-        if self._workload is None or self._fresh_shape or self._observed >= REFRESH:
-            workload = self.histogram.workload()
-            if workload != self._workload:
-                self._workload = workload
-                self._measure = frag.Fragmentation(workload)
-                self._ratings.clear()
-            self._observed, self._fresh_shape = 0, False
-        return self._measure
+        if self.ratings.active is None:
+            self._propose()
+        assert self.ratings.active is not None
+        return self.ratings.active.measure
 
     def place(
         self,
@@ -140,28 +176,35 @@ class FGDPlacement:
         shape = shape_of(request.resources, request.share, pod.cpu_milli)
         if resource is None or shape is None or shape.num_gpu == 0:  # nothing for FGD to weigh: binpack
             return placements.place_on(snapshot, request, pod)
-        if len(self._signatures) > 4 * len(snapshot.nodes) + 64:
-            self._signatures.clear()  # nodes came and went: drop the dead entries
+        self._cover(shape)
+        if len(self._signatures) > self._signature_room:  # counting nodes costs: only past the last count
+            self._signature_room = 4 * len(snapshot.nodes) + 64
+            if len(self._signatures) > self._signature_room:
+                self._signatures.clear()  # nodes came and went: drop the dead entries
         classes = self._classes.get(resource)
         if classes is not None and len(classes.signatures) > 4 * len(classes.classes) + 4096:
             classes = None  # states long gone pile up as ids: start the index over
-            self._ratings.clear()
+            self.ratings.clear()
         if classes is None:
             classes = self._classes[resource] = fgdindex.SignatureClasses(
                 resource, lambda state: self.signature(state, resource)
             )
         classes.update(snapshot)
-        self.measure()
-        ratings = self._ratings.setdefault(shape, {})
-        signatures, measure = classes.signatures, self._measure
+        measure = self.measure()
+        self.ratings.tend(self._classes)
+        book = self.ratings.active
+        assert book is not None
+        ratings = book.ratings.setdefault(shape, {})
+        signatures = classes.signatures
         rated = []
         for cid, members in classes.classes.items():
             try:
                 got = ratings[cid]
             except KeyError:
-                got = ratings[cid] = _rate(measure, signatures[cid], shape)
+                got = ratings[cid] = fgdratings.rate(measure, signatures[cid], shape)
             if got is not None:
                 rated.append((-got[0], members[0], cid))
+        book.marks[shape] = len(signatures)  # every open class is rated: its catch-up starts from here
         rated.sort()
         nodes = snapshot.nodes
         i = 0
@@ -185,7 +228,7 @@ class FGDPlacement:
         if cached is not None and cached[0] is state:
             return cached[1]
         values = _free_values(state, resource).values()
-        sig = frag.signature_of(resource, state.info.cpu_milli - state.cpu_used, values)
+        sig = frag.signature_of(resource, min(state.info.cpu_milli - state.cpu_used, self._cpu_cap), values)
         self._signatures[key] = (state, sig)
         return sig
 
@@ -209,9 +252,10 @@ class FGDPlacement:
         shape = shape_of(request.resources, request.share, cpu_milli)
         if resource is None or shape is None or shape.num_gpu == 0:
             return self._fallback(snapshot, request, feasible)
+        self._cover(shape)
         if len(self._signatures) > 4 * len(snapshot.nodes) + 64:
             self._signatures.clear()  # nodes came and went: drop the dead entries
-        self.measure()
+        measure = self.measure()
         rated: dict[frag.Signature, _Rating | None] = {}
         best: ledgers.NodeState | None = None
         best_rating: _Rating = (-1, ())
@@ -220,7 +264,7 @@ class FGDPlacement:
             if sig in rated:
                 got = rated[sig]
             else:
-                got = rated[sig] = _rate(self._measure, sig, shape)
+                got = rated[sig] = fgdratings.rate(measure, sig, shape)
             if got is not None and got[0] > best_rating[0]:
                 best, best_rating = state, got
         if best is None:
@@ -279,26 +323,6 @@ class _ForPod(_Naive):
         fits: Callable[[ledgers.NodeState], bool],
     ) -> placements.Placement | placements.Unschedulable:
         return self.policy.place(snapshot, request, pod, fits)
-
-
-def _rate(measure: frag.Fragmentation, sig: frag.Signature, shape: frag.Shape) -> _Rating | None:
-    """FGD's score of the best placement on a node in state ``sig``; None if the shape does not fit it."""
-    gpus = sig[2]
-    fitting = [v for v in gpus if v >= shape.gpu_milli]
-    if len(fitting) < shape.num_gpu or sig[1] < shape.cpu_milli:
-        return None
-    before = measure(sig)
-    if shape.gpu_milli >= frag.MILLI:
-        return frag.sigmoid_score(before, measure(frag.after_whole(sig, shape))), ()
-    if shape.num_gpu > 1:  # a share on several devices: the tightest that fit, as binpack takes them
-        rest = list(gpus)
-        for value in sorted(fitting)[: shape.num_gpu]:
-            rest[rest.index(value)] -= shape.gpu_milli
-        after = frag.signature_of(sig[0], sig[1] - shape.cpu_milli, rest)
-        return frag.sigmoid_score(before, measure(after)), ()
-    scored = {v: frag.sigmoid_score(before, measure(frag.after_share(sig, shape, v))) for v in set(fitting)}
-    top = max(scored.values())
-    return top, tuple(sorted(v for v, s in scored.items() if s == top))
 
 
 def _device_for(

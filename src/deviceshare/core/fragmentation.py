@@ -162,12 +162,17 @@ class Fragmentation:
         idle = sum(gpus)
         base = self._always * idle
         rows = []
+        split: dict[int, tuple[int, int]] = {}  # share -> (GPUs it fits on, idle on the rest): shapes share a few
         for weight, cpu, milli, num, models in self._gpu_shapes:
             if models and model not in models:
                 base += weight * idle
                 continue
-            fitting = sum(1 for free in gpus if free >= milli)
-            small = sum(free for free in gpus if free < milli)
+            got = split.get(milli)
+            if got is None:
+                got = split[milli] = (
+                    sum(1 for free in gpus if free >= milli), sum(free for free in gpus if free < milli)
+                )
+            fitting, small = got
             rows.append((cpu, weight, weight * (small if fitting >= num else idle)))
         rows.sort(key=lambda r: r[0])
         weights = [0.0]

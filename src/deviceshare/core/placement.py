@@ -22,7 +22,7 @@ from __future__ import annotations
 import collections
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Protocol, cast, runtime_checkable
 
 from deviceshare.api import models
 from deviceshare.core import capacity, devicechoice, filters, inventory, reasons, shareplacement
@@ -210,8 +210,8 @@ def place_by_policy(
 ) -> Placement | Unschedulable:
     """A decision by another policy: every node that fits is offered to it, or, for an
     :class:`IndexedPolicy`, the policy walks its own index with this module's filter."""
-    if isinstance(policy, IndexedPolicy):
-        return policy.place(snapshot, request, pod, lambda state: _fits(state, request, pod))
+    if callable(getattr(policy, "place", None)):  # not isinstance: on a runtime Protocol it costs ~16 us a decision
+        return cast(IndexedPolicy, policy).place(snapshot, request, pod, lambda state: _fits(state, request, pod))
     feasible = [s for _, s in sorted(snapshot.nodes.items()) if _fits(s, request, pod)]
     chosen = policy.choose(snapshot, request, feasible) if feasible else None
     return explain(snapshot, request, pod) if chosen is None else chosen
