@@ -16,9 +16,10 @@ import statistics
 import time
 from collections.abc import Sequence
 
+from benchmarks import filling
 from deviceshare.core import inventory, ledger, placement
 
-GPU = "nvidia.com/gpu"
+GPU = filling.GPU
 MODEL = "deviceshare.io/gpu-model"
 SIZES = (1, 1, 1, 1, 2, 2, 4, 8)  # whole GPUs per group, skewed small like real traces
 P99_TARGET_MS = 1.0
@@ -66,16 +67,7 @@ def _churn(
     """The operator's loop: decide (timed), reserve, commit, and let a random older group go."""
     rng = random.Random(seed)
     book = build_cluster(nodes, gpus, rng)
-    live: list[tuple[str, str]] = []
-    # Fill to ~70% of the GPUs without timing.
-    target, allocated, n = int(nodes * gpus * 0.7), 0, 0
-    while allocated < target:
-        request, pod = _request(("fill", f"g{n}"), rng)
-        n += 1
-        got = placement.schedule_group(book, request, pod)
-        if isinstance(got, ledger.Allocation):
-            live.append(request.key)
-            allocated += sum(len(ids) for ids in got.devices.values())
+    live = filling.fill(nodes, gpus, lambda key: _request(key, rng), filling.scheduling(book))  # not timed
     timings: list[float] = []
     outcomes: list[placement.Placement | placement.Unschedulable] = []
     clock = time.perf_counter

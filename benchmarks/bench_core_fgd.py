@@ -14,8 +14,9 @@ import dataclasses
 import gc
 import random
 import time
+from collections.abc import Mapping, Sequence
 
-from benchmarks import bench_core, bench_core_shares
+from benchmarks import bench_core, bench_core_shares, filling
 from deviceshare.core import fgdplacement, inventory, ledger, placement
 
 
@@ -43,18 +44,15 @@ def _churn(strategy: str, nodes: int, gpus: int, decisions: int, naive_every: in
             return placement.place_by_policy(snap, request, pod, policy.for_pod(pod))
         return placement.place_on(snap, request, pod)
 
-    live: list[tuple[str, str]] = []
-    target, allocated, n = int(nodes * gpus * 0.7), 0.0, 0
-    while allocated < target:
-        request, pod = _request(("fill", f"g{n}"), rng, strategy)
-        n += 1
+    def place(request: placement.GroupRequest, pod: inventory.PodDemand) -> Mapping[str, Sequence[str]] | None:
         decision = decide(book.snapshot(), request, pod)
-        if isinstance(decision, placement.Placement):
-            _hold(book, request, pod, decision)
-            policy.observe(request, pod.cpu_milli)
-            live.append(request.key)
-            s = request.share.get(bench_core.GPU)
-            allocated += s.compute_milli / 1000 if s else sum(len(ids) for ids in decision.devices.values())
+        if not isinstance(decision, placement.Placement):
+            return None
+        _hold(book, request, pod, decision)
+        policy.observe(request, pod.cpu_milli)
+        return decision.devices
+
+    live = filling.fill(nodes, gpus, lambda key: _request(key, rng, strategy), place)
     out: dict[str, list[float]] = {"placed": [], "unplaced": [], "naive": [], "cpu": []}
     clock, cpu = time.perf_counter, time.thread_time
     gc.collect()

@@ -16,7 +16,7 @@ import random
 import statistics
 import time
 
-from benchmarks import bench_core
+from benchmarks import bench_core, filling
 from deviceshare.core import capacity, inventory, ledger, placement
 
 GPU = bench_core.GPU
@@ -55,16 +55,7 @@ def _churn(nodes: int, gpus: int, decisions: int, seed: int, naive_every: int) -
     ~100 ms a decision at 5,000 nodes, so timing it on a sample keeps the run short."""
     rng = random.Random(seed)
     book = build_cluster(nodes, gpus, rng)
-    live: list[tuple[str, str]] = []
-    target, allocated, n = int(nodes * gpus * 0.7), 0.0, 0
-    while allocated < target:
-        request, pod = _request(("fill", f"g{n}"), rng)
-        n += 1
-        got = placement.schedule_group(book, request, pod)
-        if isinstance(got, ledger.Allocation):
-            live.append(request.key)
-            s = request.share.get(GPU)
-            allocated += s.compute_milli / 1000 if s else sum(len(ids) for ids in got.devices.values())
+    live = filling.fill(nodes, gpus, lambda key: _request(key, rng), filling.scheduling(book))
     keys = ("whole", "share", "unplaced", "naive", "naive_share", "paired", "cpu")
     out: dict[str, list[float]] = {k: [] for k in keys}
     clock, cpu = time.perf_counter, time.thread_time

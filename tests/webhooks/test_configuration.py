@@ -57,6 +57,12 @@ def test_rejects_bad_arguments(kwargs: dict[str, Any]) -> None:
         configuration.build(ca_bundle=CA, **kwargs)
 
 
+@pytest.mark.parametrize("build", [configuration.build, configuration.build_group_validation])
+def test_a_misspelt_setting_is_refused_by_name(build: Any) -> None:
+    with pytest.raises(TypeError, match="timeout_second"):
+        build(ca_bundle=CA, service_name="wh", timeout_second=10)
+
+
 @pytest.mark.parametrize(
     ("metadata", "matches"),
     [

@@ -10,7 +10,8 @@ within its capacity, **or** split in tiles each held by one group (CONTRACT §7)
 time. The one way this can be broken is :meth:`DeviceLedger.rebuild` finding it already so in the
 API; then every claimant keeps what it claimed, it is reported, and nobody else gets the device
 (or any more of it) until they released it. Like the DRA allocator, the ledger keeps the parts a
-shared device gave out (and their sums) beside the wholly held devices.
+shared device gave out (and their sums) beside the wholly held devices; the rules over those two
+maps (what a reservation must pass, what a node has left) are in ``holdings``.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import threading
 from collections.abc import Iterable, Mapping, Sequence
 
 from deviceshare.api import names
-from deviceshare.core import capacity, claims, inventory, snapshots
+from deviceshare.core import capacity, claims, holdings, inventory, snapshots
 
 GroupKey = inventory.GroupKey
 PodKey = inventory.PodKey
@@ -34,7 +35,7 @@ _SHARDS = snapshots.SHARDS
 AllocationState = claims.AllocationState
 Allocation = claims.Allocation
 DeviceConflict = claims.DeviceConflict
-DeviceKey = tuple[str, str, str]  # (node, resource, device)
+DeviceKey = holdings.DeviceKey
 
 
 class DeviceLedger:
@@ -46,8 +47,8 @@ class DeviceLedger:
         self._info: dict[str, inventory.NodeInfo] = {}
         self._shards: list[dict[str, NodeState]] = [{} for _ in range(_SHARDS)]
         self._shared: list[bool] = [False] * _SHARDS  # shard is referenced by a snapshot: copy before writing
-        self._held: dict[DeviceKey, tuple[GroupKey, ...]] = {}  # whole holders
-        self._uses: dict[DeviceKey, capacity.DeviceUse] = {}  # devices given out in parts
+        self._held: holdings.Held = {}  # whole holders
+        self._uses: holdings.Uses = {}  # devices given out in parts
         self._allocs: dict[GroupKey, Allocation] = {}
         self._pods: dict[PodKey, tuple[str, int, int]] = {}
         self._used: dict[str, tuple[int, int]] = {}
@@ -154,30 +155,7 @@ class DeviceLedger:
                     f"group {names.key_text(group)} already holds devices on node {existing.node}; "
                     "release them first",
                 )
-            info = self._info.get(node)
-            for resource, ids in wanted.items():
-                offered = info.devices.get(resource, ()) if info is not None else ()
-                s = shares.get(resource)
-                for device in ids:
-                    if device not in offered:
-                        detail = "" if info is not None else "node is not in the inventory"
-                        raise DeviceConflict(node, resource, device, None, detail)
-                    key = (node, resource, device)
-                    holders = self._held.get(key)
-                    if holders:
-                        raise DeviceConflict(node, resource, device, holders[0])
-                    use = self._uses.get(key)
-                    if s is None:
-                        if use is not None:
-                            raise DeviceConflict(
-                                node, resource, device, use.groups[0],
-                                f"shared by {', '.join(map(names.key_text, use.groups))}",
-                            )
-                        continue
-                    assert info is not None
-                    problem = capacity.join_problem(info, resource, device, use, s, per_device.get(resource, {}))
-                    if problem:
-                        raise DeviceConflict(node, resource, device, use.groups[0] if use else None, problem)
+            holdings.check_reservable(self._held, self._uses, node, self._info.get(node), wanted, shares, per_device)
             allocation = Allocation(group, node, wanted, AllocationState.RESERVED, shares, wanted_tiles)
             self._hold(allocation)
             self._refresh(node)
@@ -201,20 +179,7 @@ class DeviceLedger:
             existing = self._allocs.pop(group, None)
             if existing is None:
                 return None
-            for resource, ids in existing.devices.items():
-                for device in ids:
-                    key = (existing.node, resource, device)
-                    rest = tuple(g for g in self._held.get(key, ()) if g != group)
-                    if rest:
-                        self._held[key] = rest
-                    else:
-                        self._held.pop(key, None)
-                    if key in self._uses:
-                        use = capacity.without_group(self._uses[key], group)
-                        if use is None:
-                            del self._uses[key]
-                        else:
-                            self._uses[key] = use
+            holdings.release(self._held, self._uses, existing)
             self._refresh(existing.node)
             self._revision += 1
             return existing
@@ -327,18 +292,7 @@ class DeviceLedger:
 
     def _hold(self, allocation: Allocation) -> None:
         self._allocs[allocation.group] = allocation
-        tiles = {
-            r: capacity.parse_tile_ids(ids) for r, ids in allocation.tiles.items() if r in allocation.share
-        }
-        for resource, ids in allocation.devices.items():
-            s = allocation.share.get(resource)
-            for device in ids:
-                key = (allocation.node, resource, device)
-                if s is None:
-                    self._held[key] = (*self._held.get(key, ()), allocation.group)
-                else:
-                    part = capacity.Part(allocation.group, s, tiles.get(resource, {}).get(device, ()))
-                    self._uses[key] = capacity.with_part(self._uses.get(key), part)
+        holdings.hold(self._held, self._uses, allocation)
 
     def _refresh(self, name: str) -> None:
         """Recompute one node's state and its place in the free-capacity indexes."""
@@ -351,30 +305,7 @@ class DeviceLedger:
             self._shards[i].pop(name, None)
             self._indexes.file(name, {}, frozenset())
             return
-        held, uses = self._held, self._uses
-        free: dict[str, tuple[str, ...]] = {}
-        partial: dict[str, tuple[capacity.DeviceLeft, ...]] = {}
-        for resource, ids in info.devices.items():
-            if not uses:  # the common case, and every node of a cluster without sharing groups
-                free[resource] = tuple(d for d in ids if (name, resource, d) not in held)
-                continue
-            mem_cap, tiles_cap = info.device_memory.get(resource), info.device_tiles.get(resource, 0)
-            whole: list[str] = []
-            parts: list[capacity.DeviceLeft] = []
-            for d in ids:
-                key = (name, resource, d)
-                if key in held:
-                    continue
-                use = uses.get(key)
-                if use is None:
-                    whole.append(d)
-                    continue
-                left = capacity.left_of(d, use, mem_cap, tiles_cap)
-                if left is not None:
-                    parts.append(left)
-            free[resource] = tuple(whole)
-            if parts:
-                partial[resource] = tuple(parts)
+        free, partial = holdings.left_on(name, info, self._held, self._uses)
         cpu, memory = self._used.get(name, (0, 0))
         self._shards[i][name] = NodeState(info, free, cpu, memory, partial)
         is_open = info.shared and info.ready and not info.unschedulable and not info.problems

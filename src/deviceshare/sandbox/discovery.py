@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from deviceshare.sandbox import catalog
+from deviceshare.sandbox import catalog, errors
 
 VERSION = {
     "major": "1",
@@ -142,3 +142,40 @@ def openapi_v3_group_version(types: catalog.Catalog, group_name: str, version: s
         "paths": paths,
         "components": {"schemas": {}},
     }
+
+
+def document(types: catalog.Catalog, path: str) -> dict[str, Any] | None:
+    """The discovery, version, health or OpenAPI document served at ``path`` (no trailing slash);
+    None for a path of the resource API. A document path that names nothing served is a 404."""
+    if path == "/":
+        return root_paths(types)
+    if path == "/version":
+        return VERSION
+    if path == "/api":
+        return core_versions()
+    if path == "/apis":
+        return group_list(types)
+    parts = path.strip("/").split("/")
+    if parts[0] in ("healthz", "livez", "readyz"):
+        return {"status": "ok"}
+    found: dict[str, Any] | None = None
+    if parts[0] == "openapi":
+        if parts == ["openapi", "v3"]:
+            return openapi_v3_root(types)
+        if parts[:2] == ["openapi", "v3"] and len(parts) in (4, 5):
+            group_name, version = ("", parts[3]) if parts[2] == "api" else (parts[3], parts[-1])
+            found = openapi_v3_group_version(types, group_name, version)
+        if found is None:
+            raise errors.endpoint_not_found()
+        return found
+    if parts == ["api", "v1"]:
+        found = resource_list(types, "", "v1")
+    elif len(parts) == 2 and parts[0] == "apis":
+        found = group(types, parts[1])
+        if found is None:
+            raise errors.endpoint_not_found()
+    elif len(parts) == 3 and parts[0] == "apis":
+        found = resource_list(types, parts[1], parts[2])
+        if found is None:
+            raise errors.endpoint_not_found()
+    return found

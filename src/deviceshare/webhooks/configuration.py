@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from deviceshare.api import names
 from deviceshare.webhooks import server
@@ -29,113 +29,105 @@ OPTED_IN = (
 )
 
 
+class Endpoint(TypedDict, total=False):
+    """Where the API server reaches the webhook, as both builders take it: exactly one of
+    ``service_name`` (in-cluster, with ``service_namespace``, default ``names.DEFAULT_NAMESPACE``, and
+    ``service_port``, default 443) and ``url`` (the webhook's base URL; the sandbox). ``name`` names
+    the configuration (default ``DEFAULT_NAME``); ``timeout_seconds`` is 1..5 (default 5)."""
+
+    service_name: str | None
+    service_namespace: str
+    service_port: int
+    url: str | None
+    name: str
+    timeout_seconds: int
+
+
 def build(
     *,
     ca_bundle: bytes | str,
-    service_name: str | None = None,
-    service_namespace: str = names.DEFAULT_NAMESPACE,
-    service_port: int = 443,
-    url: str | None = None,
-    name: str = DEFAULT_NAME,
-    timeout_seconds: int = 5,
     excluded_namespaces: Sequence[str] = ("kube-system",),
+    **endpoint: Unpack[Endpoint],
 ) -> dict[str, Any]:
-    """The configuration, pointing either at a Service (in-cluster) or at a URL (the sandbox).
+    """The pods' MutatingWebhookConfiguration, pointing either at a Service or at a URL (see :class:`Endpoint`).
 
-    ``ca_bundle`` is the CA's PEM bytes or their base64 text; ``url`` is the webhook's base URL or
-    its full ``/mutate-pods`` URL. The service namespace is always excluded as well.
+    ``ca_bundle`` is the CA's PEM bytes or their base64 text; ``url`` may also be the full
+    ``/mutate-pods`` URL. The service namespace is always excluded as well.
     """
-    client_config = _client_config(
-        ca_bundle, service_name, service_namespace, service_port, url, timeout_seconds, server.MUTATE_PATH
-    )
+    service_namespace = endpoint.get("service_namespace", names.DEFAULT_NAMESPACE)
     excluded = list(dict.fromkeys([*excluded_namespaces, service_namespace]))
-    return {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "MutatingWebhookConfiguration",
-        "metadata": {"name": name, "labels": {"app.kubernetes.io/name": "deviceshare"}},
-        "webhooks": [
-            {
-                "name": WEBHOOK_NAME,
-                "admissionReviewVersions": ["v1"],
-                "clientConfig": client_config,
-                "rules": [
-                    {
-                        "operations": ["CREATE"],
-                        "apiGroups": [""],
-                        "apiVersions": ["v1"],
-                        "resources": ["pods"],
-                        "scope": "Namespaced",
-                    }
-                ],
-                "matchPolicy": "Equivalent",
-                "namespaceSelector": {
-                    "matchExpressions": [
-                        {"key": NAMESPACE_NAME_LABEL, "operator": "NotIn", "values": excluded}
-                    ]
-                },
-                "matchConditions": [{"name": "opted-in", "expression": OPTED_IN}],
-                "failurePolicy": "Fail",
-                "sideEffects": "None",
-                "timeoutSeconds": timeout_seconds,
-                "reinvocationPolicy": "IfNeeded",
-            }
-        ],
-    }
-
-
-def build_group_validation(
-    *,
-    ca_bundle: bytes | str,
-    service_name: str | None = None,
-    service_namespace: str = names.DEFAULT_NAMESPACE,
-    service_port: int = 443,
-    url: str | None = None,
-    name: str = DEFAULT_NAME,
-    timeout_seconds: int = 5,
-) -> dict[str, Any]:
-    """The ValidatingWebhookConfiguration of the group budget check (arguments as for :func:`build`;
-    ``url`` is the webhook's base URL)."""
-    client_config = _client_config(
-        ca_bundle, service_name, service_namespace, service_port, url, timeout_seconds,
-        server.VALIDATE_GROUPS_PATH,
+    return _configuration(
+        "MutatingWebhookConfiguration", WEBHOOK_NAME, server.MUTATE_PATH, ca_bundle, endpoint,
+        rule={
+            "operations": ["CREATE"],
+            "apiGroups": [""],
+            "apiVersions": ["v1"],
+            "resources": ["pods"],
+            "scope": "Namespaced",
+        },
+        namespace_selector={
+            "matchExpressions": [{"key": NAMESPACE_NAME_LABEL, "operator": "NotIn", "values": excluded}]
+        },
+        condition={"name": "opted-in", "expression": OPTED_IN},
+        reinvocation="IfNeeded",
     )
+
+
+def build_group_validation(*, ca_bundle: bytes | str, **endpoint: Unpack[Endpoint]) -> dict[str, Any]:
+    """The ValidatingWebhookConfiguration of the group budget check (arguments as for :func:`build`)."""
+    return _configuration(
+        "ValidatingWebhookConfiguration", GROUPS_WEBHOOK_NAME, server.VALIDATE_GROUPS_PATH, ca_bundle, endpoint,
+        rule={
+            "operations": ["CREATE", "UPDATE"],
+            "apiGroups": [names.GROUP],
+            "apiVersions": [names.VERSION],
+            "resources": [names.PLURAL],
+            "scope": "Namespaced",
+        },
+        condition={"name": "spec-changed", "expression": SPEC_CHANGED},
+    )
+
+
+def _configuration(
+    kind: str,
+    webhook_name: str,
+    path: str,
+    ca_bundle: bytes | str,
+    endpoint: Endpoint,
+    *,
+    rule: dict[str, Any],
+    condition: dict[str, str],
+    namespace_selector: dict[str, Any] | None = None,
+    reinvocation: str | None = None,
+) -> dict[str, Any]:
+    """One configuration of one webhook with the settings both share: ``failurePolicy: Fail`` behind a
+    match condition, no side effects, v1 reviews, equivalent matching."""
+    unknown = sorted(set(endpoint) - Endpoint.__optional_keys__)
+    if unknown:  # what a plain signature would refuse: a misspelt setting must not be dropped silently
+        raise TypeError(f"unexpected keyword argument(s): {', '.join(unknown)}")
+    timeout_seconds = endpoint.get("timeout_seconds", 5)
+    hook: dict[str, Any] = {
+        "name": webhook_name,
+        "admissionReviewVersions": ["v1"],
+        "clientConfig": _client_config(ca_bundle, endpoint, timeout_seconds, path),
+        "rules": [rule],
+        "matchPolicy": "Equivalent",
+    }
+    if namespace_selector is not None:
+        hook["namespaceSelector"] = namespace_selector
+    hook.update(matchConditions=[condition], failurePolicy="Fail", sideEffects="None", timeoutSeconds=timeout_seconds)
+    if reinvocation is not None:
+        hook["reinvocationPolicy"] = reinvocation
     return {
         "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingWebhookConfiguration",
-        "metadata": {"name": name, "labels": {"app.kubernetes.io/name": "deviceshare"}},
-        "webhooks": [
-            {
-                "name": GROUPS_WEBHOOK_NAME,
-                "admissionReviewVersions": ["v1"],
-                "clientConfig": client_config,
-                "rules": [
-                    {
-                        "operations": ["CREATE", "UPDATE"],
-                        "apiGroups": [names.GROUP],
-                        "apiVersions": [names.VERSION],
-                        "resources": [names.PLURAL],
-                        "scope": "Namespaced",
-                    }
-                ],
-                "matchPolicy": "Equivalent",
-                "matchConditions": [{"name": "spec-changed", "expression": SPEC_CHANGED}],
-                "failurePolicy": "Fail",
-                "sideEffects": "None",
-                "timeoutSeconds": timeout_seconds,
-            }
-        ],
+        "kind": kind,
+        "metadata": {"name": endpoint.get("name", DEFAULT_NAME), "labels": {"app.kubernetes.io/name": "deviceshare"}},
+        "webhooks": [hook],
     }
 
 
-def _client_config(
-    ca_bundle: bytes | str,
-    service_name: str | None,
-    service_namespace: str,
-    service_port: int,
-    url: str | None,
-    timeout_seconds: int,
-    path: str,
-) -> dict[str, Any]:
+def _client_config(ca_bundle: bytes | str, endpoint: Endpoint, timeout_seconds: int, path: str) -> dict[str, Any]:
+    service_name, url = endpoint.get("service_name"), endpoint.get("url")
     if (service_name is None) == (url is None):
         raise ValueError("give exactly one of service_name or url")
     if not 1 <= timeout_seconds <= 5:
@@ -146,6 +138,7 @@ def _client_config(
         base = url.removesuffix(server.MUTATE_PATH).rstrip("/")
         client_config["url"] = base + path
     else:
+        service_namespace = endpoint.get("service_namespace", names.DEFAULT_NAMESPACE)
         client_config["service"] = {"name": service_name, "namespace": service_namespace, "path": path,
-                                    "port": service_port}
+                                    "port": endpoint.get("service_port", 443)}
     return client_config

@@ -26,6 +26,7 @@ import gc
 import json
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -95,25 +96,20 @@ class Webhook:
         return app
 
     async def mutate(self, request: web.Request) -> web.Response:
+        return await self._answer(request, self._mutation)
+
+    async def validate_groups(self, request: web.Request) -> web.Response:
+        return await self._answer(request, self._group_validation)
+
+    async def _answer(
+        self, request: web.Request, decide: Callable[[dict[str, Any]], Awaitable[admission.Decision]]
+    ) -> web.Response:
+        """Read the AdmissionReview, decide, answer and count the outcome; a body that is not a review
+        is a 400, counted as ``malformed``."""
         started = time.perf_counter()
         try:
             body = await self._review(request)
-            if _opted_in(body):
-                if not self.lookup.synced:
-                    await self.lookup.wait_synced(self.settings.warmup_timeout_s)
-                await self._refresh_on_miss(body)
-            try:
-                decision = admission.decide(
-                    body, self.lookup, self.settings.env_names, self.settings.scheduler_name
-                )
-            except admission.MalformedReview:
-                raise
-            except Exception as e:
-                # A pod shape the engine did not foresee: deny it with the reason rather than
-                # answer 500, which the API server would report as "failed calling webhook".
-                logger.exception("admission failed")
-                decision = admission.deny(f"deviceshare webhook could not process this pod: {e!r}", code=500)
-                decision = dataclasses.replace(decision, outcome="error")
+            decision = await decide(body)
             answer = admission.respond(body, decision)
         except (ValueError, admission.MalformedReview) as e:
             self.metrics.observe("malformed", time.perf_counter() - started)
@@ -121,22 +117,28 @@ class Webhook:
         self.metrics.observe(decision.outcome, time.perf_counter() - started)
         return web.json_response(answer, dumps=_dumps)
 
-    async def validate_groups(self, request: web.Request) -> web.Response:
-        started = time.perf_counter()
+    async def _mutation(self, body: dict[str, Any]) -> admission.Decision:
+        if _opted_in(body):
+            if not self.lookup.synced:
+                await self.lookup.wait_synced(self.settings.warmup_timeout_s)
+            await self._refresh_on_miss(body)
         try:
-            body = await self._review(request)
-            if self.budget_view is None:
-                decision = admission.Decision(allowed=True, outcome="skipped")
-            else:
-                if not self.budget_view.budget_synced:
-                    await self.lookup.wait_synced(self.settings.warmup_timeout_s)
-                decision = budgets.decide(body, self.budget_view)
-            answer = admission.respond(body, decision)
-        except (ValueError, admission.MalformedReview) as e:
-            self.metrics.observe("malformed", time.perf_counter() - started)
-            return web.json_response({"error": f"not an AdmissionReview: {e}"}, status=400)
-        self.metrics.observe(decision.outcome, time.perf_counter() - started)
-        return web.json_response(answer, dumps=_dumps)
+            return admission.decide(body, self.lookup, self.settings.env_names, self.settings.scheduler_name)
+        except admission.MalformedReview:
+            raise
+        except Exception as e:
+            # A pod shape the engine did not foresee: deny it with the reason rather than
+            # answer 500, which the API server would report as "failed calling webhook".
+            logger.exception("admission failed")
+            decision = admission.deny(f"deviceshare webhook could not process this pod: {e!r}", code=500)
+            return dataclasses.replace(decision, outcome="error")
+
+    async def _group_validation(self, body: dict[str, Any]) -> admission.Decision:
+        if self.budget_view is None:
+            return admission.Decision(allowed=True, outcome="skipped")
+        if not self.budget_view.budget_synced:
+            await self.lookup.wait_synced(self.settings.warmup_timeout_s)
+        return budgets.decide(body, self.budget_view)
 
     async def _review(self, request: web.Request) -> dict[str, Any]:
         """The request body as a JSON object, within the size and time limits (see the module doc)."""

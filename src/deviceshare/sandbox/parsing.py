@@ -1,0 +1,122 @@
+"""Reading a request as kube-apiserver reads it: the path, the body, and the query's flags.
+
+Apart from the routing in ``apiserver`` because none of it decides anything: it turns the URL into a
+:class:`Target`, the body (JSON, YAML, or kubectl's protobuf) into a dict, and ``dryRun``, the
+boolean flags, selectors, ``fieldValidation=Strict`` and Table negotiation into values, with the
+real server's errors (400, 415) for what it cannot read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import kmock
+import yaml
+
+from deviceshare.sandbox import catalog, errors, protobuf, schema, selectors
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    group: str
+    version: str
+    plural: str | None = None
+    namespace: str | None = None
+    name: str | None = None
+    subresource: str | None = None
+
+
+def parse_path(path: str) -> Target | None:
+    parts = [p for p in path.split("/") if p]
+    if len(parts) >= 2 and parts[0] == "api":
+        group, version, rest = "", parts[1], parts[2:]
+    elif len(parts) >= 3 and parts[0] == "apis":
+        group, version, rest = parts[1], parts[2], parts[3:]
+    else:
+        return None
+    namespace = None
+    if (
+        len(rest) >= 3
+        and rest[0] == "namespaces"
+        and not (len(rest) == 3 and rest[2] in ("status", "finalize"))
+    ):
+        namespace, rest = rest[1], rest[2:]
+    if len(rest) > 3:
+        return None
+    padded = [*rest, None, None, None]
+    return Target(group, version, padded[0], namespace, padded[1], padded[2])
+
+
+def dry_run(params: Mapping[str, str], delete_options: Any) -> bool:
+    """``dryRun=All`` from the query, or for a delete from its DeleteOptions body (where kubectl puts it)."""
+    value = params.get("dryRun")
+    if value is None and isinstance(delete_options, Mapping) and delete_options.get("dryRun"):
+        value = ",".join(delete_options["dryRun"])
+    if value is None:
+        return False
+    if value != "All":
+        raise errors.bad_request(f'dryRun: Unsupported value: "{value}": supported values: "All"')
+    return True
+
+
+def flag(params: Mapping[str, str], name: str) -> bool:
+    return params.get(name, "").lower() in ("true", "1")
+
+
+def wants_table(request: kmock.Request) -> bool:
+    """``kubectl get`` asks for server-side Table output in its Accept header."""
+    return "as=Table" in request.headers.get("Accept", "")
+
+
+def selectors_of(
+    params: Mapping[str, str], rtype: catalog.ResourceType
+) -> tuple[selectors.LabelSelector, selectors.FieldSelector]:
+    """The ``labelSelector`` and ``fieldSelector`` of a list or watch (fields the kind can select on)."""
+    labels = selectors.parse_labels(params.get("labelSelector"))
+    return labels, selectors.parse_fields(params.get("fieldSelector"), rtype.selectable)
+
+
+def decode(request: kmock.Request) -> Any:
+    if not request.body:
+        return None
+    content_type = request.headers.get("Content-Type", "")
+    if "protobuf" in content_type:
+        try:
+            return protobuf.decode(request.body)
+        except ValueError as e:
+            raise errors.ApiError(
+                415,
+                "UnsupportedMediaType",
+                f"{e}; send JSON instead (e.g. kubectl apply -f, or "
+                "kubectl create ... --dry-run=client -o yaml | kubectl apply -f -)",
+            ) from e
+    if "cbor" in content_type:
+        raise errors.ApiError(
+            415,
+            "UnsupportedMediaType",
+            f"the body of the request was in an unknown format "
+            f"- accepted media types include: application/json, application/yaml "
+            f"(got {content_type})",
+        )
+    try:
+        if "yaml" in content_type:
+            return yaml.safe_load(request.body)
+        return json.loads(request.body)
+    except (ValueError, yaml.YAMLError) as e:
+        raise errors.bad_request(f"the body of the request could not be decoded: {e}") from e
+
+
+def check_strict(request: kmock.Request, rtype: catalog.ResourceType, body: Any) -> None:
+    """``fieldValidation=Strict`` (kubectl's default): unknown fields are a 400, not pruned."""
+    if request.params.get("fieldValidation") != "Strict" or rtype.schema is None:
+        return
+    unknown = schema.unknown_fields(rtype.schema, body)
+    if unknown:
+        fields = ", ".join(f'unknown field "{u}"' for u in unknown)
+        raise errors.bad_request(
+            f'{rtype.kind} in version "{rtype.version}" cannot be handled as a {rtype.kind}: '
+            f"strict decoding error: {fields}"
+        )
