@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -146,6 +147,26 @@ def test_membership_follows_the_binding_not_the_annotation() -> None:
     assert cluster.pods[("t", "p")].group_key is None
     assert recreated.group_key is None  # bound by someone else: no member of anything
     assert _pod("t", "q", group="../b?watch=1", node=None, devices=None).group_key is None
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    annotation=st.one_of(st.none(), st.sampled_from(["a", "b", "../b"])),
+    node=st.one_of(st.none(), st.sampled_from(["n1", "n2"])),
+    devices=st.one_of(st.none(), st.lists(st.sampled_from(_DEVICES), min_size=1, unique=True)),
+    scheduler=st.sampled_from([OURS, "default-scheduler"]),
+    phase=st.sampled_from(["Pending", "Running", "Succeeded"]),
+    group=st.sampled_from(["a", "c"]),
+)
+def test_a_recorded_membership_changes_nothing_else_about_the_pod(
+    annotation: str | None, node: str | None, devices: list[str] | None, scheduler: str, phase: str, group: str,
+) -> None:
+    pod = _pod("t", "p", group=annotation, node=node, devices=devices, scheduler=scheduler, phase=phase)
+    cluster = state.ClusterState()
+    cluster.record_binding(pod.key, pod.uid, group)  # as a rebuild does, before it stores the records
+    cluster.upsert_pod(pod)
+    assert cluster.pods[pod.key] == dataclasses.replace(pod, member_of=group)
+    assert [p.key for p in cluster.members(("t", group))] == [pod.key]
 
 
 def test_names_stay_one_path_segment() -> None:

@@ -223,3 +223,19 @@ async def test_service_reference_is_verified_against_the_service_dns_name(
         async with aiohttp.ClientSession() as session:
             status, created = await Http(session, sandbox.url).call("POST", PODS, member("p"))
     assert status == 201 and created["metadata"]["labels"] == {"mutated": "yes"}
+
+
+async def test_webhook_is_told_whether_the_request_is_a_dry_run(
+    sandbox: Sandbox, http: Http, webhook: FakeWebhook
+) -> None:
+    # kube-apiserver sets request.dryRun; a webhook with side effects must skip them on a dry run.
+    sandbox.create(configuration(webhook))
+    status, created = await http.call("POST", PODS, member("tried"), params={"dryRun": "All"})
+    assert status == 201, created
+    assert created["metadata"]["labels"] == {"mutated": "yes"}  # admitted (and mutated) as usual
+    assert sandbox.get("pods", "tried", "default") is None  # ... but not stored
+    status, created = await http.call("POST", PODS, member("kept"))
+    assert status == 201, created
+    assert [(r["request"]["object"]["metadata"]["name"], r["request"]["dryRun"]) for r in webhook.reviews] == [
+        ("tried", True), ("kept", False)
+    ]

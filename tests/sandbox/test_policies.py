@@ -149,3 +149,11 @@ async def test_a_binding_is_admitted_as_a_pods_binding_create(http: Http) -> Non
     plain = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "q"},
              "target": {"kind": "Node", "name": "gpu-node-0"}}
     assert (await http.call("POST", f"{PODS}/q/binding", plain))[0] == 201
+
+
+async def test_a_policy_sees_whether_the_request_is_a_dry_run(http: Http) -> None:
+    await install(http, policy("no-rehearsals", "!request.dryRun", message="no dry runs here"),
+                  binding("no-rehearsals"))
+    status, error = await http.call("POST", PODS, pod("tried"), params={"dryRun": "All"})
+    assert status == 422 and "no dry runs here" in error["message"], error
+    assert (await http.call("POST", PODS, pod("kept")))[0] == 201

@@ -15,6 +15,7 @@ import contextlib
 import gc
 import logging
 import time
+from collections.abc import Iterator
 
 from deviceshare.core import fgdplacement, inventory
 from deviceshare.core import ledger as ledgers
@@ -116,40 +117,48 @@ class Runtime:
         nodes, groups, pods = await asyncio.gather(
             ctx.api.list_nodes(), ctx.api.list_groups(), ctx.api.list_pods()
         )
-        ledger = ledgers.DeviceLedger()
-        for body in nodes:
-            ledger.upsert_node(inventory.node_from_object(body))
-        state = state_.ClusterState()
-        for body in groups:
-            state.upsert_group(state_.group_record(body))
-        records = [state_.pod_record(body) for body in pods]
-        # Only claims a record of ours agrees with count (see rebuild.py); membership comes from those records.
-        sorted_claims = rebuild_.sort_claims(state.groups.values(), records, ctx.config.scheduler_name)
-        for key, (uid, group) in sorted_claims.members.items():
-            state.record_binding(key, uid, group)
-        for pod in records:
-            state.upsert_pod(pod)
-            if pod.on_devices and pod.node_name:
-                ledger.account_pod(pod.key, pod.node_name, pod.demand.cpu_milli, pod.demand.memory_bytes)
-        report = ledger.rebuild(sorted_claims.claims)
-
-        ctx.adopt(ledger, state, conflicts=rebuild_.contested(report), fgd=fgdplacement.FGDPlacement(
-            fgdplacement.seed_histogram((g.spec, [p.demand for p in state.members(g.key)])
-                                        for g in state.groups.values() if g.spec is not None)
-        ))
-        rebuild_.announce(ctx, report, sorted_claims.untrusted)
-        for pod in state.pods.values():
-            if self.scheduler.is_ours(pod):
-                self.queue.add(pod.key)
-        for gkey in state.groups:
-            self.reconciles.request(gkey)
-        gc.collect()
-        gc.freeze()  # the rebuilt state lives on: later collections need not scan it again
+        counts = (len(nodes), len(groups), len(pods))
+        await asyncio.sleep(0)  # the step that resumed us holds gather's future, and so the bodies, until it ends
+        # What follows makes ~10^5 objects that live on: the cyclic collector would walk the growing heap
+        # over and over (a tenth of the rebuild); the one collection at the end, before freezing, suffices.
+        with _collector_paused():
+            ledger = ledgers.DeviceLedger()
+            for body in nodes:
+                ledger.upsert_node(inventory.node_from_object(body))
+            state = state_.ClusterState()
+            for body in groups:
+                state.upsert_group(state_.group_record(body))
+            records = [state_.pod_record(body) for body in pods]
+            del nodes, groups, pods  # freed here (no cycles hold them): the collection below need not walk them
+            # Only claims a record of ours agrees with count (see rebuild.py); membership comes from those records.
+            sorted_claims = rebuild_.sort_claims(state.groups.values(), records, ctx.config.scheduler_name)
+            for key, (uid, group) in sorted_claims.members.items():
+                state.record_binding(key, uid, group)
+            for pod in records:
+                state.upsert_pod(pod)
+            ledger.account_pods(
+                (pod.key, pod.node_name, pod.demand.cpu_milli, pod.demand.memory_bytes)
+                for pod in records if pod.on_devices and pod.node_name
+            )
+            report = ledger.rebuild(sorted_claims.claims)
+            ctx.adopt(ledger, state, conflicts=rebuild_.contested(report), fgd=fgdplacement.FGDPlacement(
+                fgdplacement.seed_histogram((g.spec, [p.demand for p in state.members(g.key)])
+                                            for g in state.groups.values() if g.spec is not None)
+            ))
+            rebuild_.announce(ctx, report, sorted_claims.untrusted)
+            for pod in state.pods.values():
+                if self.scheduler.is_ours(pod):
+                    self.queue.add(pod.key)
+            for gkey in state.groups:
+                self.reconciles.request(gkey)
+            del records  # the pods' records before they joined their groups
+            gc.collect()
+            gc.freeze()  # the rebuilt state lives on: later collections need not scan it again
         elapsed = time.perf_counter() - started
         ctx.metrics.rebuild_seconds.set(elapsed)
         logger.info(
             "ledger rebuilt in %.3fs: %d nodes, %d groups, %d pods, %d allocations, %d conflicts",
-            elapsed, len(nodes), len(groups), len(pods), report.allocations, len(report.conflicts),
+            elapsed, *counts, report.allocations, len(report.conflicts),
         )
         return report
 
@@ -214,6 +223,18 @@ class Runtime:
         while True:
             await asyncio.sleep(self.ctx.config.unschedulable_flush)
             self.queue.flush()
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """No automatic cyclic garbage collection inside (unless it was off already)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 async def _cancel(tasks: list[asyncio.Task[None]]) -> None:

@@ -10,6 +10,7 @@ import dataclasses
 import functools
 import json
 from collections.abc import Iterator, Mapping
+from operator import attrgetter
 from typing import Any
 
 import pydantic
@@ -70,6 +71,18 @@ class PodRecord:
     def name(self) -> str:
         return self.key[1]
 
+    def joined(self, group: str) -> PodRecord:
+        """This record as a member of ``group``: ``dataclasses.replace(self, member_of=group)`` without its
+        per-field bookkeeping, at about half the cost (a rebuild makes one per bound pod)."""
+        values = list(_pod_values(self))
+        values[_MEMBER_OF] = group
+        return PodRecord(*values)
+
+
+_POD_FIELDS = tuple(f.name for f in dataclasses.fields(PodRecord))
+_pod_values = attrgetter(*_POD_FIELDS)
+_MEMBER_OF = _POD_FIELDS.index("member_of")
+
 
 def pod_record(body: Mapping[str, Any]) -> PodRecord:
     meta = body.get("metadata") or {}
@@ -79,9 +92,8 @@ def pod_record(body: Mapping[str, Any]) -> PodRecord:
     group = annotations.get(names.POD_GROUP_ANNOTATION)
     if group is not None:
         group = str(group)
-    scheduled = next(
-        (c for c in status.get("conditions") or [] if c.get("type") == "PodScheduled"), None
-    )
+    conditions = status.get("conditions")
+    scheduled = next((c for c in conditions if c.get("type") == "PodScheduled"), None) if conditions else None
     return PodRecord(
         key=(meta.get("namespace", ""), meta.get("name", "")),
         uid=meta.get("uid", ""),
@@ -98,7 +110,7 @@ def pod_record(body: Mapping[str, Any]) -> PodRecord:
             (scheduled.get("status", ""), scheduled.get("reason", ""), scheduled.get("message", ""))
             if scheduled else None
         ),
-        containers=member_rules.container_facts(spec) if isinstance(spec, Mapping) else (),
+        containers=member_rules.container_facts(spec) if type(spec) is dict or isinstance(spec, Mapping) else (),
         group_valid=group is not None and member_rules.group_name_problem(group) is None,
     )
 
@@ -250,7 +262,7 @@ class ClusterState:
             if record[0] != pod.uid:
                 del self._bound[pod.key]  # a new pod under the name: it is no one's member yet
             elif pod.member_of != record[1]:
-                pod = dataclasses.replace(pod, member_of=record[1])
+                pod = pod.joined(record[1])
         assumed = self._assumed.get(pod.key)
         if assumed is not None:
             if assumed.uid != pod.uid or pod.node_name:

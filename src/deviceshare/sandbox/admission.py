@@ -52,7 +52,8 @@ def review_request(
         "userInfo": user.info(),
         "object": obj,
         "oldObject": old,
-        "dryRun": False,
+        # As kube-apiserver does: a webhook with side effects must skip them for ``?dryRun=All``.
+        "dryRun": store.DRY_RUN.get(),
         "options": {"kind": f"{operation.capitalize()}Options", "apiVersion": "meta.k8s.io/v1"},
     }
     if subresource:

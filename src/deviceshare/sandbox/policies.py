@@ -106,7 +106,7 @@ class Policies:
                 "namespace": namespace or "",
                 "operation": operation,
                 "userInfo": user.info(),
-                "dryRun": False,
+                "dryRun": store.DRY_RUN.get(),
             }
             variables = {
                 "object": obj,
