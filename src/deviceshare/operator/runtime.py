@@ -152,6 +152,7 @@ class Runtime:
             for gkey in state.groups:
                 self.reconciles.request(gkey)
             del records  # the pods' records before they joined their groups
+            gc.unfreeze()  # a previous rebuild's frozen objects: any cycle among them is garbage now
             gc.collect()
             gc.freeze()  # the rebuilt state lives on: later collections need not scan it again
         elapsed = time.perf_counter() - started
