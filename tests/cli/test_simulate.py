@@ -81,7 +81,7 @@ def test_table_names_the_policies(trace: tuple[Path, Path], capsys: pytest.Captu
     assert "idle: whole" in out and "crumbs" in out
 
 
-@pytest.mark.parametrize("policy", ["random", "bestfit", "fgd", "fgd-fill-share"])
+@pytest.mark.parametrize("policy", ["random", "bestfit", "fgd", "fgd-fill-share", "fgd-balance"])
 def test_what_is_left_idle_and_what_is_allocated_add_up_to_the_cluster(policy: str) -> None:
     nodes = traces.parse_nodes(NODES.splitlines(keepends=True))
     pods = traces.parse_pods(pods_csv(120, seed=9).splitlines(keepends=True))

@@ -7,6 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from deviceshare.core import fragmentation as frag
+from deviceshare.core import policies
 from deviceshare.core.fragmentation import Shape, WeightedShape
 
 SHARE_300 = Shape(cpu_milli=1000, gpu_milli=300, num_gpu=1)
@@ -125,3 +126,42 @@ def test_fill_ahead_for_shares_only_leaves_whole_gpu_shapes_at_the_papers_fragme
     assert shares(sig) == pytest.approx(0.5 * 0.5 * 3000)
     both = frag.Fragmentation(workload, fill_ahead=0.5)
     assert both(sig) == pytest.approx(0.5 * 0.5 * 3000 + 0.5 * 0.5 * 2000)
+
+
+def test_balance_counts_the_idle_gpu_the_free_cpu_cannot_feed() -> None:
+    four_cores = Shape(4000, 1000, 1)  # the workload asks 4 cores per GPU
+    workload = (WeightedShape(four_cores, 1.0),)
+    starved: frag.Signature = ("A", 16_000, (1000,) * 8)  # 16 cores feed 4 of the 8 idle GPUs
+    fed: frag.Signature = ("A", 40_000, (1000,) * 8)
+    plain = frag.Fragmentation(workload)
+    balanced = frag.Fragmentation(workload, balance=2.0)
+    assert plain(starved) == plain(fed) == 0  # the paper's: the shape fits once, nothing is fragment
+    assert balanced.unfed(starved) == pytest.approx(4000)
+    assert balanced(starved) == pytest.approx(8000)  # weighted 2:1
+    assert balanced.compute(starved) == pytest.approx(8000)  # the unmemoised path agrees
+    assert balanced(fed) == 0
+
+
+def test_balance_averages_cpu_per_gpu_over_gpu_shapes_by_weight_and_size() -> None:
+    share = Shape(2000, 500, 1)  # 2 cores for half a GPU
+    pair = Shape(8000, 1000, 2)  # 8 cores for two GPUs
+    cpu_only = Shape(32_000, 0, 0)  # asks no GPU: not part of the ratio
+    workload = (WeightedShape(share, 0.4), WeightedShape(pair, 0.4), WeightedShape(cpu_only, 0.2))
+    # (0.4 x 2000 + 0.4 x 8000) CPU over (0.4 x 500 + 0.4 x 2000) GPU milli: 4 CPU milli per GPU milli
+    balanced = frag.Fragmentation(workload, balance=1.0)
+    assert balanced.unfed(("A", 6000, (1000, 1000, 500))) == pytest.approx(2500 - 1500)
+    assert balanced.unfed(("A", 6000, (0, 0))) == 0  # nothing idle, nothing unfed
+
+
+def test_with_balance_a_cpu_heavy_share_prefers_the_node_with_cpu_to_spare() -> None:
+    heavy = Shape(12_000, 470, 1)  # the openb trace's CPU-heavy 0.47-GPU pods
+    light = Shape(3000, 810, 1)
+    workload = (WeightedShape(heavy, 0.5), WeightedShape(light, 0.5))
+    poor: frag.Signature = ("A", 24_000, (1000,) * 8)  # 8 GPUs, 24 cores
+    rich: frag.Signature = ("A", 96_000, (1000,) * 2)  # 2 GPUs, 96 cores
+    paper = policies.FGDPolicy(frag.Fragmentation(workload))
+    assert paper.evaluate(poor, heavy) == paper.evaluate(rich, heavy)  # the paper's measure cannot tell them apart
+    policy = policies.FGDPolicy(frag.Fragmentation(workload, balance=4.0))
+    on_poor, on_rich = policy.evaluate(poor, heavy), policy.evaluate(rich, heavy)
+    assert on_poor is not None and on_rich is not None
+    assert on_rich.score > on_poor.score

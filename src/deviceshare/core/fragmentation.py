@@ -113,11 +113,20 @@ class Fragmentation:
     """The fragmentation measure for one target workload, memoised per node signature."""
 
     def __init__(
-        self, workload: Sequence[WeightedShape], fill_ahead: float = 0.0, memo: bool = True, shares_only: bool = False
+        self,
+        workload: Sequence[WeightedShape],
+        fill_ahead: float = 0.0,
+        memo: bool = True,
+        shares_only: bool = False,
+        balance: float = 0.0,
     ) -> None:
         self.workload = tuple(workload)
         self.fill_ahead = fill_ahead  # 0: the paper's measure; see :meth:`compute`
         self.shares_only = shares_only  # fill ahead for GPU-sharing shapes only (``fgd-fill-share``)
+        self.balance = balance  # weight of the unfed GPU (``fgd-balance``); see :meth:`unfed`
+        gpu_milli = sum(w.weight * w.shape.total_gpu_milli for w in self.workload if w.shape.gpu_milli > 0)
+        gpu_cpu = sum(w.weight * w.shape.cpu_milli for w in self.workload if w.shape.gpu_milli > 0)
+        self._cpu_per_milli = gpu_cpu / gpu_milli if gpu_milli else 0.0
         # CPU-only shapes count every idle GPU as fragment, whatever the node: fold them into one weight.
         self._always = sum(w.weight for w in self.workload if w.shape.gpu_milli == 0)
         self._gpu_shapes = tuple(
@@ -142,15 +151,33 @@ class Fragmentation:
                 if table is None:
                     table = self._tables[(model, gpus)] = self._table(model, gpus)
                 got = self._from_table(table, cpu_free)
+            if self.balance:
+                got += self.balance * self.unfed(signature)
             self._memo[signature] = got
         return got
 
     def compute(self, signature: Signature) -> float:
         """The fragment of one node state, without memo (the paper's measure via its CPU table)."""
+        extra = self.balance * self.unfed(signature) if self.balance else 0.0
         if self.fill_ahead:
-            return self.compute_direct(signature)
+            return self.compute_direct(signature) + extra
         model, cpu_free, gpus = signature
-        return self._from_table(self._table(model, gpus), cpu_free)
+        return self._from_table(self._table(model, gpus), cpu_free) + extra
+
+    def unfed(self, signature: Signature) -> float:
+        """Idle GPU milli the node's free CPU could not feed at the workload's CPU per GPU (``fgd-balance``).
+
+        The paper's fragment asks whether each shape fits *once*; a node whose CPU runs out before its
+        GPUs strands them all the same, a few placements later. The workload's GPU shapes ask, on
+        average (weighted by popularity and GPU size), ``cpu_per_milli`` CPU per milli of GPU: idle GPU
+        beyond ``cpu_free / cpu_per_milli`` is counted as fragment too, weighted by ``balance``, so
+        CPU-heavy pods go where CPU is plentiful and CPU-light ones where it is scarce.
+        """
+        _, cpu_free, gpus = signature
+        idle = sum(gpus)
+        if not self._cpu_per_milli:
+            return 0.0
+        return max(0.0, idle - cpu_free / self._cpu_per_milli)
 
     def _table(self, model: str, gpus: tuple[int, ...]) -> _CpuTable:
         """For one GPU state, every shape's fragment as a function of free CPU.
