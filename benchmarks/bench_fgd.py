@@ -80,7 +80,7 @@ rounds to X% of capacity; median (min–max) over the seeds. Decisions/s is per 
 parallel processes). `fgd-fill` is ours: FGD whose fragment also counts the idle GPU a shape would
 leave if it filled the node alone (GPUs *and* CPU limiting), blended 1:3 with the paper's fragment;
 `fgd-fill-share` blends it 1:1, for GPU-sharing shapes only (whole-GPU shapes keep the paper's).
-`fgd-balance` is `fgd-fill-share` plus, weighted 4:1, the node's *unfed* GPU: idle GPU beyond what its
+`fgd-balance` is `fgd-fill-share` plus, weighted 6:1, the node's *unfed* GPU: idle GPU beyond what its
 free CPU could feed at the target workload's average CPU per GPU (CPU runs out before GPUs, a few
 placements later, even when every shape still fits once).
 
