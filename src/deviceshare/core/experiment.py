@@ -20,25 +20,17 @@ from deviceshare.core import nodeclasses, policies, replay
 FIRST_SEED = 42  # the artifact's seeds are 42, 43, ...
 
 
-def _fgd(pods: Sequence[nodeclasses.Pod]) -> policies.Policy:
-    return policies.FGDPolicy(frag.Fragmentation(frag.target_workload(p.shape for p in pods)))
+def _measured(
+    name: str, *, fill_ahead: float = 0.0, shares_only: bool = False, balance: float = 0.0
+) -> Callable[[Sequence[nodeclasses.Pod]], policies.Policy]:
+    """An FGD policy over the list's target workload; the options are :class:`frag.Fragmentation`'s."""
 
+    def build(pods: Sequence[nodeclasses.Pod]) -> policies.Policy:
+        workload = frag.target_workload(p.shape for p in pods)
+        measure = frag.Fragmentation(workload, fill_ahead=fill_ahead, shares_only=shares_only, balance=balance)
+        return policies.FGDPolicy(measure, name=name)
 
-def _ours(pods: Sequence[nodeclasses.Pod]) -> policies.Policy:
-    workload = frag.target_workload(p.shape for p in pods)
-    return policies.FGDPolicy(frag.Fragmentation(workload, fill_ahead=FILL_AHEAD), name="fgd-fill")
-
-
-def _ours_shares(pods: Sequence[nodeclasses.Pod]) -> policies.Policy:
-    workload = frag.target_workload(p.shape for p in pods)
-    measure = frag.Fragmentation(workload, fill_ahead=FILL_AHEAD_SHARES, shares_only=True)
-    return policies.FGDPolicy(measure, name="fgd-fill-share")
-
-
-def _balanced(pods: Sequence[nodeclasses.Pod]) -> policies.Policy:
-    workload = frag.target_workload(p.shape for p in pods)
-    measure = frag.Fragmentation(workload, fill_ahead=FILL_AHEAD_SHARES, shares_only=True, balance=BALANCE)
-    return policies.FGDPolicy(measure, name="fgd-balance")
+    return build
 
 
 FILL_AHEAD = 0.25  # blend of the fill-ahead fragment into the paper's (see Fragmentation.compute)
@@ -50,10 +42,10 @@ POLICIES: Mapping[str, Callable[[Sequence[nodeclasses.Pod]], policies.Policy]] =
     "random": lambda pods: policies.RandomPolicy(),
     "bestfit": lambda pods: policies.BestFitPolicy(),
     "packing": lambda pods: policies.PackingPolicy(),
-    "fgd": _fgd,
-    "fgd-fill": _ours,
-    "fgd-fill-share": _ours_shares,
-    "fgd-balance": _balanced,
+    "fgd": _measured("fgd"),
+    "fgd-fill": _measured("fgd-fill", fill_ahead=FILL_AHEAD),
+    "fgd-fill-share": _measured("fgd-fill-share", fill_ahead=FILL_AHEAD_SHARES, shares_only=True),
+    "fgd-balance": _measured("fgd-balance", fill_ahead=FILL_AHEAD_SHARES, shares_only=True, balance=BALANCE),
 }
 
 
