@@ -12,7 +12,7 @@ import collections
 import contextlib
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -140,6 +140,16 @@ def fast_thread_switching() -> Iterator[None]:
         sys.setswitchinterval(previous)
 
 
+def interleaved(worker: Callable[[int], None], threads: int) -> None:
+    """Run ``worker(0)`` .. ``worker(threads - 1)`` in threads at once, switching every few microseconds."""
+    with fast_thread_switching():
+        workers = [threading.Thread(target=worker, args=(t,)) for t in range(threads)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+
+
 @settings(max_examples=8, deadline=None)
 @given(
     threads=st.integers(2, 6),
@@ -184,12 +194,7 @@ def test_concurrent_scheduling_never_gives_a_device_twice(
         except BaseException as exc:  # surfaced in the main thread below
             errors.append(exc)
 
-    with fast_thread_switching():
-        workers = [threading.Thread(target=worker, args=(t,)) for t in range(threads)]
-        for w in workers:
-            w.start()
-        for w in workers:
-            w.join()
+    interleaved(worker, threads)
     assert errors == []
     check_invariants(book, {})
     assert {(a.node, GPU, d) for a in book.allocations() for d in a.devices[GPU]} == set(owners)

@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from tests.core import builders
-from tests.core.test_core_ledger_properties import fast_thread_switching
+from tests.core.test_core_ledger_properties import interleaved
 
 from deviceshare.core import capacity, inventory, ledger, placement, snapshots
 
@@ -218,12 +218,7 @@ def test_concurrent_reservations_never_exceed_a_device(
         except BaseException as exc:  # surfaced in the main thread below
             errors.append(exc)
 
-    with fast_thread_switching():
-        workers = [threading.Thread(target=worker, args=(t,)) for t in range(threads)]
-        for w in workers:
-            w.start()
-        for w in workers:
-            w.join()
+    interleaved(worker, threads)
     assert errors == []
     assert book.contested() == ()
     check_invariants(book, set())
