@@ -31,7 +31,8 @@ NAMESPACE = "deviceshare-system"
 RELEASE = "deviceshare"
 # Values that turn the chart into the kustomize base: the overlays add the certificate, crds/ the CRD.
 BASE_VALUES = {"webhook.certificates": "external", "crds.enabled": "false"}
-HEADER = "# Generated from charts/deviceshare/templates/{template} by `make manifests`: edit the template, not this file.\n"
+HEADER = ("# Generated from charts/deviceshare/templates/{template} by `make manifests`: "
+          "edit the template, not this file.\n")
 _HELM_ONLY = re.compile(r"^\s*(app\.kubernetes\.io/managed-by: Helm|helm\.sh/chart: \S+)\n", re.MULTILINE)
 _SOURCE = re.compile(r"^# Source: [^/]+/templates/(\S+)\n", re.MULTILINE)
 
