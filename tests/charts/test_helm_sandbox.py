@@ -213,3 +213,26 @@ async def test_the_operator_and_webhook_the_chart_installs_bind_a_group(fresh: S
         for proc in processes:
             await proc.wait()
         await asyncio.gather(*drains)
+
+
+async def test_a_kustomize_install_moves_to_the_chart(fresh: Sandbox) -> None:
+    """docs/install.md's move: adopt with --take-ownership; kubectl still co-owns what it applied, so the
+    first upgrade that changes such a field is refused naming kubectl, and passes with --force-conflicts."""
+    kustomized = await run(fresh, "kubectl", "apply", "--server-side", "-k", "manifests/base")
+    assert kustomized.returncode == 0, kustomized.stderr
+    chart = ("charts/deviceshare", "-n", NS, "--set", "webhook.certificates=external")  # the base's certificates
+    adopted = await run(fresh, "helm", "install", "deviceshare", *chart, "--take-ownership")
+    assert adopted.returncode == 0, adopted.stderr
+    operator = fresh.get("deployments", "deviceshare-operator", NS)
+    assert operator["metadata"]["annotations"]["meta.helm.sh/release-name"] == "deviceshare"
+    assert {("kubectl", "Apply"), ("helm", "Apply")} <= {
+        (e["manager"], e["operation"]) for e in operator["metadata"]["managedFields"]}
+    refused = await run(fresh, "helm", "upgrade", "deviceshare", *chart, "--set", "operator.replicas=3")
+    assert refused.returncode == 1
+    assert 'conflict with "kubectl": .spec.replicas' in refused.stderr
+    forced = await run(fresh, "helm", "upgrade", "deviceshare", *chart, "--set", "operator.replicas=3",
+                       "--force-conflicts")
+    assert forced.returncode == 0, forced.stderr
+    later = await run(fresh, "helm", "upgrade", "deviceshare", *chart, "--set", "operator.replicas=2")
+    assert later.returncode == 0, later.stderr  # replicas is Helm's alone now
+    assert fresh.get("deployments", "deviceshare-operator", NS)["spec"]["replicas"] == 2
