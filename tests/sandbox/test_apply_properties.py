@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from deviceshare.sandbox import applying, catalog, errors, strategies
+from deviceshare.sandbox import fieldsets as fs
 from deviceshare.sandbox import managedfields as mf
 
 DEPLOYMENTS = catalog.Catalog().lookup("deployments")
@@ -128,16 +129,16 @@ def test_managers_own_only_fields_the_object_has(steps: list[tuple[str, dict[str
     for manager, config in steps:
         live = run(live, config, manager, force=True)
     assert live is not None
-    present = mf.ensure_named(mf.fieldset(content(live), SHAPE), SHAPE)
+    present = fs.ensure_named(fs.fieldset(content(live), SHAPE), SHAPE)
     for entry in mf.decode(live["metadata"].get("managedFields")).values():
         assert entry.paths <= present, (entry.manager, entry.paths - present)
 
 
 def test_fields_v1_round_trips() -> None:
     paths = {("f:metadata", "f:labels", "f:a"), ("f:spec", 'k:{"name":"c"}'), ("f:spec", 'k:{"name":"c"}', "f:image")}
-    trie = mf.to_fields_v1(paths)
+    trie = fs.to_fields_v1(paths)
     assert trie == {"f:metadata": {"f:labels": {"f:a": {}}}, "f:spec": {'k:{"name":"c"}': {".": {}, "f:image": {}}}}
-    assert mf.from_fields_v1(trie) == paths
+    assert fs.from_fields_v1(trie) == paths
 
 
 @pytest.mark.parametrize(("path", "printed"), [
@@ -145,5 +146,17 @@ def test_fields_v1_round_trips() -> None:
     (("f:spec", 'k:{"containerPort":80,"protocol":"TCP"}', "f:name"), '.spec[containerPort=80,protocol="TCP"].name'),
     (("f:metadata", "f:finalizers", 'v:"x"'), '.metadata.finalizers[="x"]'),
 ])
-def test_paths_print_as_structured_merge_diff_prints_them(path: mf.Path, printed: str) -> None:
-    assert mf.path_string(path) == printed
+def test_paths_print_as_structured_merge_diff_prints_them(path: fs.Path, printed: str) -> None:
+    assert fs.path_string(path) == printed
+
+
+@settings(deadline=None, max_examples=150)
+@given(configs(), st.booleans())
+def test_a_create_records_what_comparing_with_nothing_records(config: dict[str, Any], status: bool) -> None:
+    """The one-walk path for creates gives the set the general compare gives."""
+    obj = copy.deepcopy(config)
+    if status:
+        obj["status"] = {"replicas": 1}
+    skip = mf.ignored(True, None)
+    assert mf.created_fields_v1(obj, SHAPE, skip) == fs.to_fields_v1(
+        fs.without(fs.compare({}, obj, SHAPE).changed, skip))

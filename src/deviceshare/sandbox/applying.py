@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from deviceshare.sandbox import admission, catalog, errors, identity, registry, store, strategies
+from deviceshare.sandbox import fieldsets as fs
 from deviceshare.sandbox import managedfields as mf
 from deviceshare.sandbox.fieldshapes import ATOMIC, Shape, root
 
@@ -106,11 +107,11 @@ def merge(live: Any, config: Any, shape: Shape) -> Any:
 def _merge_list(live: list[Any], config: list[Any], shape: Shape) -> list[Any]:
     """Items of both by their path element: live-only items keep their place, the configuration's come
     in its order (SMD's zipper)."""
-    kind, live_elements = mf.list_elements(shape, live + config)
+    kind, live_elements = fs.list_elements(shape, live + config)
     if kind == ATOMIC:
         return strategies.clone(config)
-    live_elements = mf.list_elements(shape, live)[1]
-    config_elements = mf.list_elements(shape, config)[1]
+    live_elements = fs.list_elements(shape, live)[1]
+    config_elements = fs.list_elements(shape, config)[1]
     wanted = dict(zip(config_elements, config, strict=True))
     had = dict(zip(live_elements, live, strict=True))
     item, out, done, next_config = shape.item(), [], set(), 0
@@ -139,18 +140,18 @@ def _merge_list(live: list[Any], config: list[Any], shape: Shape) -> list[Any]:
     return out
 
 
-def conflict_error(conflicts: list[tuple[mf.Entry, mf.Path]]) -> errors.ApiError:
+def conflict_error(conflicts: list[tuple[mf.Entry, fs.Path]]) -> errors.ApiError:
     """409 Conflict as kube-apiserver words it, one cause per (manager, field)."""
     causes = [{"type": "FieldManagerConflict", "message": f"conflict with {e.printed()}",
-               "field": mf.path_string(p)} for e, p in conflicts]
+               "field": fs.path_string(p)} for e, p in conflicts]
     if len(conflicts) == 1:
         entry, path = conflicts[0]
-        message = f"Apply failed with 1 conflict: conflict with {entry.printed()}: {mf.path_string(path)}"
+        message = f"Apply failed with 1 conflict: conflict with {entry.printed()}: {fs.path_string(path)}"
     else:
         lines = []
         for printed in sorted({e.printed() for e, _ in conflicts}):
             lines.append(f"conflicts with {printed}:")
-            lines += [f"- {mf.path_string(p)}" for e, p in conflicts if e.printed() == printed]
+            lines += [f"- {fs.path_string(p)}" for e, p in conflicts if e.printed() == printed]
         message = f"Apply failed with {len(conflicts)} conflicts: " + "\n".join(lines)
     return errors.ApiError(409, "Conflict", message, details={"causes": causes})
 
@@ -159,24 +160,24 @@ def applied(rtype: catalog.ResourceType, live: Obj, config: Obj, opts: Options, 
     """The object after applying ``config`` to ``live`` by ``opts.manager`` (not stored; raises 409 on
     conflicts unless forced). Pure: ``live`` is not changed."""
     shape, skip = shape_of(rtype), mf.ignored(rtype.has_status, subresource)
-    bare = mf._bare(live)
+    bare = mf.bare(live)
     entries = mf.decode(strategies.meta(live).get("managedFields"))
     if not entries:  # owned by nobody yet: what is there belongs to whoever wrote it before
         first = mf.Entry(BEFORE_FIRST_APPLY, mf.UPDATE, rtype.api_version,
-                         mf.without(mf.fieldset(bare, shape), skip), strategies.now())
+                         fs.without(fs.fieldset(bare, shape), skip), strategies.now())
         entries[first.identity] = first
     mine = mf.Entry(opts.manager, mf.APPLY, rtype.api_version, set(), None, subresource or "")
     last = entries.get(mine.identity)
-    mine.paths = mf.without(mf.fieldset(config, shape), skip)
+    mine.paths = fs.without(fs.fieldset(config, shape), skip)
     mine.time = last.time if last else None
     entries[mine.identity] = mine
     merged = merge(bare, config, shape)
     if last is not None:  # prune: what this applier set last time, names no more, and nobody else owns
-        owned = mf.ensure_named(set().union(*(e.paths for e in entries.values())), shape)
-        merged = mf.remove_items(merged, mf.ensure_named(last.paths, shape) - owned, shape)
+        owned = fs.ensure_named(set().union(*(e.paths for e in entries.values())), shape)
+        merged = fs.remove_items(merged, fs.ensure_named(last.paths, shape) - owned, shape)
     result = registry.merged(rtype, bare, merged, subresource)
-    diff = mf.compare(bare, result, shape)
-    changed, removed = mf.without(diff.changed, skip), mf.without(diff.removed, skip)
+    diff = fs.compare(bare, result, shape)
+    changed, removed = fs.without(diff.changed, skip), fs.without(diff.removed, skip)
     others = [e for e in entries.values() if e.identity != mine.identity]
     conflicts = [(e, p) for e in others for p in sorted(e.paths & changed)]
     if conflicts and not opts.force:
@@ -195,7 +196,7 @@ def created(rtype: catalog.ResourceType, config: Obj, opts: Options) -> Obj:
     """A new object from ``config``, owned by the applier."""
     obj = strategies.clone(config)
     mine = mf.Entry(opts.manager, mf.APPLY, rtype.api_version,
-                    mf.without(mf.fieldset(config, shape_of(rtype)), mf.ignored(rtype.has_status, None)),
+                    fs.without(fs.fieldset(config, shape_of(rtype)), mf.ignored(rtype.has_status, None)),
                     strategies.now())
     mf.store(obj, {mine.identity: mine})
     return obj

@@ -64,9 +64,17 @@ class Shape:
     name: str = ""
     custom: bool = False
     free: bool = False  # a map with free keys (built-in heuristic, or a schemaless CRD node)
+    # Children looked up before (every tracked write walks the same few shapes).
+    _children: dict[str, tuple[Shape, bool]] = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     def child(self, key: str) -> tuple[Shape, bool]:
         """The shape under ``key`` and whether ``key`` is a declared field (a struct's, not a map's)."""
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = self._child(key)
+        return found
+
+    def _child(self, key: str) -> tuple[Shape, bool]:
         if not self.custom:
             return Shape(None, key, free=key in BUILTIN_MAPS), not self.free
         node = self.schema or {}
@@ -110,14 +118,23 @@ class Shape:
 OBJECT_META = Shape(None, "metadata")
 
 
+_ROOTS: dict[int, tuple[Mapping[str, Any] | None, Shape]] = {}
+
+
 def root(schema: Mapping[str, Any] | None) -> Shape:
-    """The shape of a whole object: a CRD's schema, or a built-in kind (``schema`` None)."""
-    return _Root(schema, "", custom=schema is not None)
+    """The shape of a whole object: a CRD's schema, or a built-in kind (``schema`` None); one per schema,
+    so its looked-up children are kept (the entry holds the schema, so its id is not reused)."""
+    found = _ROOTS.get(id(schema))
+    if found is None or found[0] is not schema:
+        if len(_ROOTS) > 256:  # CRDs come and go in tests: keep the cache small
+            _ROOTS.clear()
+        found = _ROOTS[id(schema)] = (schema, _Root(schema, "", custom=schema is not None))
+    return found[1]
 
 
 @dataclasses.dataclass(frozen=True)
 class _Root(Shape):
-    def child(self, key: str) -> tuple[Shape, bool]:
+    def _child(self, key: str) -> tuple[Shape, bool]:
         if key == "metadata":
             return OBJECT_META, True
-        return Shape.child(self, key)
+        return Shape._child(self, key)
