@@ -25,7 +25,8 @@ from hypothesis import strategies as st
 from kubernetes_asyncio import client
 
 from deviceshare.api import names
-from deviceshare.webhooks import certs, server
+from deviceshare.sandbox import Sandbox
+from deviceshare.webhooks import certs, configuration, server
 from tests.webhooks import fakeapi
 from tests.webhooks.test_admission import make_review, pod
 
@@ -375,3 +376,36 @@ async def test_a_damaged_review_is_never_a_5xx_and_never_shows_python_internals(
     assert not INTERNALS.search(raw.decode(errors="replace")), raw[:300]
     if code >= 400:
         assert message, raw[:300]
+
+
+# -- what the user sees: through an API server (the sandbox emulates kube-apiserver's webhook client) -----
+
+
+async def test_the_user_gets_the_400_and_its_message_through_the_api_server(tmp_path: Path) -> None:
+    """kube-apiserver would refuse this pod while decoding it; the sandbox decodes loosely, so the pod
+    reaches the webhook as a damaged review could, and the answer shows what the API server does with
+    a denial whose code is 400 under failurePolicy Fail: the user gets that 400 and our message."""
+    async with Sandbox(nodes=1, kubelet_delay=0, kubeconfig_path=tmp_path / "kc") as sandbox:
+        bundle = certs.generate(["127.0.0.1"])
+        _, cert, key = bundle.write(tmp_path)
+        running = await server.start_webhook(tls_cert=cert, tls_key=key, kubeconfig=str(sandbox.kubeconfig))
+        try:
+            assert running.index is not None and await running.index.wait_synced(5.0)
+            hooks = configuration.build(ca_bundle=bundle.ca_pem, url=running.url)
+            assert hooks["webhooks"][0]["failurePolicy"] == "Fail"
+            sandbox.create(hooks)
+            sandbox.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "ml"}})
+            damaged_pod = pod("g", containers=[{"name": "main", "image": "x", "env": "A=1"}])
+            damaged_pod["metadata"]["namespace"] = "ml"
+            async with aiohttp.ClientSession() as http, http.post(
+                f"{sandbox.url}/api/v1/namespaces/ml/pods", json={"apiVersion": "v1", "kind": "Pod", **damaged_pod}
+            ) as r:
+                status, answer = r.status, await r.json()
+        finally:
+            await running.stop()
+    assert status == 400, answer
+    assert answer["reason"] == "BadRequest"
+    assert answer["message"] == (
+        f'admission webhook "{configuration.WEBHOOK_NAME}" denied the request: '
+        "malformed AdmissionReview: request.object.spec.containers[0].env is a string, not an array"
+    )
