@@ -55,7 +55,6 @@ class GroupView(Protocol):
 
 
 MalformedReview = reviews.MalformedReview  # a review with a uid, wrong inside: a denial with code 400
-NotAReview = reviews.NotAReview  # no review to answer: HTTP 400
 
 
 @dataclass(frozen=True)
