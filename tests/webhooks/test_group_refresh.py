@@ -17,6 +17,8 @@ from deviceshare.webhooks import groups, misses
 from tests.webhooks import fakeapi
 from tests.webhooks.fakeapi import GROUPS
 
+GUARD = 60.0  # bounds a wait that would otherwise hang; no test depends on how fast anything is
+
 
 class Clock:
     """A clock the test moves by hand: the rate limit's interval passes when the test says so."""
@@ -44,7 +46,7 @@ async def index(
 
 async def started(index: groups.GroupIndex, fake_api: fakeapi.FakeApi, api_client: client.ApiClient) -> None:
     index.start(api_client)
-    assert await index.wait_synced(5.0)
+    assert await index.wait_synced(GUARD)
     await fakeapi.until(lambda: fake_api.watch_count(GROUPS) == 1)  # events from here on go to the log
 
 
@@ -63,7 +65,7 @@ async def test_a_stale_get_after_a_delete_does_not_bring_the_group_back(
     await fakeapi.until(lambda: index.group("ml", "g") is None)  # the DELETED event is applied
     fake_api.stale_gets[("ml", "g")] = before  # a lagging read still sees the group
 
-    await index.refresh("ml", "g", 5.0)
+    await index.refresh("ml", "g", GUARD)
 
     rv = int(before["metadata"]["resourceVersion"])
     assert fake_api.log == [("watch", "DELETED", rv + 1), ("get", "g", rv)]
@@ -79,7 +81,7 @@ async def test_a_get_that_raced_a_delete_is_dropped(
     created = fake_api.put(GROUPS, fakeapi.group("ml", "g"))
     rv = int(created["metadata"]["resourceVersion"])
     fake_api.get_gate = asyncio.Event()
-    lookup = asyncio.create_task(index.refresh("ml", "g", 5.0))
+    lookup = asyncio.create_task(index.refresh("ml", "g", GUARD))
     await fake_api.get_read.wait()  # the GET has read the group as it was at rv...
     fake_api.delete(GROUPS, "ml", "g")  # ...then it is deleted, and the watch delivers both events
     fake_api.release_watches()
@@ -100,7 +102,7 @@ async def test_a_get_older_than_the_cache_does_not_roll_the_group_back(
     await fakeapi.until(lambda: max_members(index, "g") == 3)
     fake_api.stale_gets[("ml", "g")] = old
 
-    await index.refresh("ml", "g", 5.0)
+    await index.refresh("ml", "g", GUARD)
 
     rv = int(old["metadata"]["resourceVersion"])
     assert fake_api.log == [("watch", "MODIFIED", rv + 1), ("get", "g", rv)]
@@ -119,7 +121,7 @@ async def test_a_get_ahead_of_the_watch_is_kept_and_older_watch_events_do_not_ro
     fake_api.put(GROUPS, fakeapi.group("ml", "g", maxMembers=3))
     rv = int(created["metadata"]["resourceVersion"])
 
-    await index.refresh("ml", "g", 5.0)  # a pod's miss: the GET reads the newest state
+    await index.refresh("ml", "g", GUARD)  # a pod's miss: the GET reads the newest state
     assert max_members(index, "g") == 3
 
     seen_after_each_event: list[int | None] = []
@@ -144,20 +146,20 @@ async def test_a_missing_name_is_asked_once_per_interval(
 ) -> None:
     await started(index, fake_api, api_client)
     fake_api.get_gate = asyncio.Event()
-    crowd = [asyncio.create_task(index.refresh("ml", "ghost", 5.0)) for _ in range(20)]
+    crowd = [asyncio.create_task(index.refresh("ml", "ghost", GUARD)) for _ in range(20)]
     await fake_api.get_read.wait()
     fake_api.get_gate.set()
     await asyncio.gather(*crowd)
     assert fake_api.group_gets() == 1  # twenty concurrent misses shared one GET
 
     for _ in range(5):
-        await index.refresh("ml", "ghost", 5.0)
+        await index.refresh("ml", "ghost", GUARD)
     assert fake_api.group_gets() == 1  # and later misses within the interval ask nothing
-    await index.refresh("other", "ghost", 5.0)
+    await index.refresh("other", "ghost", GUARD)
     assert fake_api.group_gets() == 2  # the same name in another namespace is another group
 
     clock.now += 5.0
-    await index.refresh("ml", "ghost", 5.0)
+    await index.refresh("ml", "ghost", GUARD)
     assert fake_api.group_gets() == 3
 
 
@@ -166,14 +168,14 @@ async def test_thousands_of_missing_names_cost_a_bounded_number_of_lookups_and_o
 ) -> None:
     await started(index, fake_api, api_client)
     for i in range(2000):
-        await index.refresh("ml", f"ghost-{i}", 5.0)
+        await index.refresh("ml", f"ghost-{i}", GUARD)
     assert fake_api.group_gets() == index.misses.capacity == 64
     assert len(index.misses) == 64
     assert index.misses.refused == 2000 - 64
 
     clock.now += 5.0  # the interval passes: names can be asked again, still within the bound
     for i in range(2000, 2100):
-        await index.refresh("ml", f"ghost-{i}", 5.0)
+        await index.refresh("ml", f"ghost-{i}", GUARD)
     assert fake_api.group_gets() == 128
     assert len(index.misses) == 64
 
@@ -183,12 +185,12 @@ async def test_a_group_created_after_a_miss_is_found_once_the_interval_passes(
 ) -> None:
     await started(index, fake_api, api_client)
     fake_api.hold_watches()  # the watch lags: only a lookup can find the group
-    await index.refresh("ml", "late", 5.0)
+    await index.refresh("ml", "late", GUARD)
     fake_api.put(GROUPS, fakeapi.group("ml", "late"))
-    await index.refresh("ml", "late", 5.0)
+    await index.refresh("ml", "late", GUARD)
     assert index.group("ml", "late") is None  # asked within the interval: the miss stands
     clock.now += 5.0
-    await index.refresh("ml", "late", 5.0)
+    await index.refresh("ml", "late", GUARD)
     assert index.group("ml", "late") is not None
     assert fake_api.group_gets() == 2
 
