@@ -1,8 +1,14 @@
-"""Scripted API failures for fault tests: the next N matching requests fail or are slowed down.
+"""Scripted API failures for fault tests: the next N matching requests fail, are slowed down, or lie.
 
 A fault matches on the HTTP method and a regular expression searched in the path (query
 excluded). It answers a real ``Status`` error (409, 429 with ``Retry-After``, 500, ...) and/or
 delays the request first; once it has fired ``times`` times it is spent.
+
+Faults that lie, as kube-apiserver under load does: with ``applied`` the request is carried out first and
+*then* answered with ``status`` (e.g. ``504 Timeout``: "the server ... may still be processing the
+request") or, with ``drop``, not answered at all (the connection is closed after the write landed). A
+``drop`` without ``applied`` closes the connection before the request is carried out. Each fault counts
+how often it ``fired``, so a test can prove that it did.
 """
 
 from __future__ import annotations
@@ -27,6 +33,10 @@ _REASONS = {
 }
 
 
+class Dropped(Exception):
+    """The connection of the request was closed by a fault: nothing is answered."""
+
+
 @dataclasses.dataclass
 class Fault:
     method: str | None  # "PATCH", or None for any
@@ -36,6 +46,8 @@ class Fault:
     retry_after: float | None = None
     delay: float = 0.0
     message: str = "injected fault"
+    applied: bool = False  # carry the request out first, then answer with ``status`` (or drop)
+    drop: bool = False  # close the connection instead of answering
     fired: int = 0
 
     def matches(self, method: str, path: str) -> bool:
