@@ -121,7 +121,7 @@ class ApiServer(kmock.KubernetesScaffold):
                 response = await self._serve(request)
             else:
                 if fault.delay:
-                    await self._wait(fault.delay, parsing.write_deadline(method, request.params))
+                    await self._wait(fault, parsing.write_deadline(method, request.params))
                 self._fail(request, fault)
                 response = await self._serve(request)
             if fault is not None and fault.applied:
@@ -132,13 +132,18 @@ class ApiServer(kmock.KubernetesScaffold):
         except errors.ApiError as e:
             return _json(e.status(), e.code, e.headers)
 
-    async def _wait(self, delay: float, deadline: float | None) -> None:
+    async def _wait(self, fault: faults.Fault, deadline: float | None) -> None:
         """An injected delay before a write: past the request's own ``timeout`` the server gives up on it
         (504, not carried out), as kube-apiserver's handlers do once the request's context is done."""
-        if deadline is not None and deadline < delay:
-            await asyncio.sleep(deadline)
-            raise errors.request_timeout()
-        await asyncio.sleep(delay)
+        try:
+            if deadline is not None and deadline < fault.delay:
+                await asyncio.sleep(deadline)
+                fault.given_up += 1
+                raise errors.request_timeout()
+            await asyncio.sleep(fault.delay)
+        except asyncio.CancelledError:  # the client went away: like kube-apiserver, nothing is carried out
+            fault.abandoned += 1
+            raise
 
     @staticmethod
     def _fail(request: kmock.Request, fault: faults.Fault) -> None:

@@ -298,9 +298,11 @@ class Sandbox:
         message: str = "injected fault",
         applied: bool = False,
         drop: bool = False,
+        every: int = 1,
     ) -> faults.Fault:
         """Make the next ``times`` requests of ``method`` whose path matches ``path`` fail or wait; with
-        ``applied``, carry them out and then answer ``status`` (or, with ``drop``, close the connection)."""
+        ``applied``, carry them out and then answer ``status`` (or, with ``drop``, close the connection);
+        with ``every=n``, only each n-th matching request."""
         return self.api.faults.add(
             faults.Fault(
                 method.upper() if method else None,
@@ -312,6 +314,7 @@ class Sandbox:
                 message,
                 applied=applied,
                 drop=drop,
+                every=every,
             )
         )
 

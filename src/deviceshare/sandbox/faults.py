@@ -48,7 +48,11 @@ class Fault:
     message: str = "injected fault"
     applied: bool = False  # carry the request out first, then answer with ``status`` (or drop)
     drop: bool = False  # close the connection instead of answering
+    every: int = 1  # fire on every n-th matching request only (the others are served normally)
     fired: int = 0
+    seen: int = 0  # matching requests, fired or not
+    given_up: int = 0  # delayed writes the server gave up on at their ``timeout`` (answered 504, not applied)
+    abandoned: int = 0  # delayed requests whose client went away first (not carried out)
 
     def matches(self, method: str, path: str) -> bool:
         spent = self.times is not None and self.fired >= self.times
@@ -83,6 +87,9 @@ class Faults:
         """The first live fault for this request, counted as fired."""
         for fault in self._faults:
             if fault.matches(method, path):
+                fault.seen += 1
+                if fault.seen % fault.every:
+                    continue
                 fault.fired += 1
                 return fault
         return None
