@@ -69,3 +69,14 @@ async def test_a_kind_it_cannot_decode_is_unsupported_media_type(sandbox: Sandbo
     ) as r:
         assert r.status == 415
         assert (await r.json())["reason"] == "UnsupportedMediaType"
+
+
+async def test_a_custom_resource_in_protobuf_is_refused_as_kube_apiserver_refuses_it(sandbox: Sandbox) -> None:
+    body = envelope("deviceshare.io/v1alpha1", "SharedDeviceGroup", _field(1, _field(1, b"g")))
+    async with aiohttp.ClientSession() as session, session.post(
+        f"{sandbox.url}/apis/deviceshare.io/v1alpha1/namespaces/default/shareddevicegroups", data=body,
+        headers={"Content-Type": PROTOBUF},
+    ) as r:
+        assert r.status == 415
+        assert (await r.json())["message"] == ("the body of the request was in an unknown format - accepted media "
+                                               "types include: application/json, application/yaml")

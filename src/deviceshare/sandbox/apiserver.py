@@ -176,6 +176,7 @@ class ApiServer(kmock.KubernetesScaffold):
         if target.subresource and target.subresource not in rtype.subresources:
             raise errors.endpoint_not_found()
         params = request.params
+        parsing.check_custom_body(request, rtype)
         manager = managedfields.manager_of(params, request.headers.get("User-Agent"))  # who writes, for managedFields
         # Set for every request: a connection's next request (same task) must not inherit it.
         store.DRY_RUN.set(parsing.dry_run(params, parsing.decode(request) if method == "DELETE" else None))
