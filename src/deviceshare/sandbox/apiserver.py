@@ -4,9 +4,10 @@ kmock gives the server (aiohttp on a loopback port), request parsing and its rea
 reactions added with that DSL (``sandbox.api[...] << ...``) still take precedence, so tests can
 script odd answers. Everything else is routed here the way kube-apiserver routes it: discovery
 documents (``discovery``), CRUD on collections and objects through admission, ``status``,
-``binding`` and ``scale`` subresources, server-side dry run (``dryRun=All``: see ``dryrun``), and
-Table output. Reading a request is in ``parsing``; watch streams, with resourceVersion resume,
-bookmarks, 410 Gone and ``timeoutSeconds``, are in ``watching``.
+``binding`` and ``scale`` subresources, server-side dry run (``dryRun=All``: see ``dryrun``),
+server-side apply (``applying``; every write's owner recorded by ``managedfields``), and Table output.
+Reading a request is in ``parsing``; watch streams, with resourceVersion resume, bookmarks, 410 Gone
+and ``timeoutSeconds``, are in ``watching``.
 """
 
 from __future__ import annotations
