@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
+import prometheus_client
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
@@ -15,11 +16,17 @@ from prometheus_client.registry import Collector
 from deviceshare import errors
 from deviceshare.core import capacity
 
+from . import fleetmetrics
+
 if TYPE_CHECKING:
     from deviceshare.core.inventory import NodeInfo
     from deviceshare.core.ledger import DeviceLedger
 
+    from .state import ClusterState, GroupRecord
+
 logger = logging.getLogger(__name__)
+# No `_created` series: one more sample per counter and histogram that no dashboard or alert reads.
+prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
 
 
 class _LedgerCollector(Collector):
@@ -30,8 +37,9 @@ class _LedgerCollector(Collector):
     out per node and resource are exported beside the device counts.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, active: Callable[[], bool] = lambda: True) -> None:
         self.ledger: DeviceLedger | None = None
+        self.active = active  # False on a standby: its ledger is as old as its last term as leader
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         labels = ["node", "resource"]
@@ -50,7 +58,7 @@ class _LedgerCollector(Collector):
             "deviceshare_device_memory_bytes", "Device memory the node declares, over its devices", labels=labels
         )
         tiles = GaugeMetricFamily("deviceshare_tiles_allocated", "Device tiles held by groups", labels=labels)
-        if self.ledger is not None:
+        if self.ledger is not None and self.active():
             for node in self.ledger.nodes():
                 for resource, ids in node.devices.items():
                     key = [node.name, resource]
@@ -126,11 +134,47 @@ class Metrics:
         )
         self.queue_pending = Gauge("deviceshare_queue_pending", "Pods waiting for a decision", registry=r)
         self.queue_parked = Gauge("deviceshare_queue_parked", "Pods parked as unschedulable", registry=r)
-        self._ledger = _LedgerCollector()
+        self.rebuilds = Counter("deviceshare_rebuilds", "Ledger rebuilds from the API (start, election)", registry=r)
+        self.rebuild_objects = Gauge(
+            "deviceshare_rebuild_objects", "Objects the last ledger rebuild read, by kind", ["kind"], registry=r
+        )
+        self.time_to_bound = Histogram(
+            "deviceshare_group_time_to_bound_seconds",
+            "From a group's creation to its status turning Bound",
+            buckets=fleetmetrics.TIME_TO_BOUND_BUCKETS,
+            registry=r,
+        )
+        self.fleet = fleetmetrics.FleetCollector()
+        r.register(self.fleet)
+        self._ledger = _LedgerCollector(active=lambda: self.fleet.leading is None or self.fleet.leading())
         r.register(self._ledger)
 
     def bind_ledger(self, ledger: DeviceLedger) -> None:
         self._ledger.ledger = ledger
+        self.fleet.track(ledger)
+
+    def bind_context(self, source: fleetmetrics.FleetSource) -> None:
+        """The groups, reasons and workload the fleet gauges read (a Context: its properties follow rebuilds)."""
+        self.fleet.source = source
+
+    def bind_state(self, state: ClusterState) -> None:
+        """Hear the groups' phase changes (time-to-bound) of ``state``, the one a rebuild just made current."""
+        state.groups.on_change = self._group_changed
+
+    def bind_leader(self, leading: Callable[[], bool]) -> None:
+        """``leading()`` says whether this replica schedules: ``deviceshare_leader``, and what a standby hides."""
+        self.fleet.leading = leading
+
+    def rebuilt(self, seconds: float, nodes: int, groups: int, pods: int) -> None:
+        self.rebuild_seconds.set(seconds)
+        self.rebuilds.inc()
+        for kind, count in (("nodes", nodes), ("groups", groups), ("pods", pods)):
+            self.rebuild_objects.labels(kind).set(count)
+
+    def _group_changed(self, old: GroupRecord | None, new: GroupRecord | None) -> None:
+        waited = fleetmetrics.time_to_bound(old, new, time.time())
+        if waited is not None:
+            self.time_to_bound.observe(waited)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

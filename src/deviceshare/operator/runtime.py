@@ -50,6 +50,7 @@ class Runtime:
         self.started = False
         self.leadership: leadership_.Leadership | None = None
         self._election: asyncio.Task[None] | None = None
+        ctx.metrics.bind_leader(lambda: self.scheduling)
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -156,7 +157,7 @@ class Runtime:
             gc.collect()
             gc.freeze()  # the rebuilt state lives on: later collections need not scan it again
         elapsed = time.perf_counter() - started
-        ctx.metrics.rebuild_seconds.set(elapsed)
+        ctx.metrics.rebuilt(elapsed, *counts)
         logger.info(
             "ledger rebuilt in %.3fs: %d nodes, %d groups, %d pods, %d allocations, %d conflicts",
             elapsed, *counts, report.allocations, len(report.conflicts),

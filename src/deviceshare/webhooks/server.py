@@ -112,9 +112,9 @@ class Webhook:
             decision = await decide(body)
             answer = admission.respond(body, decision)
         except (ValueError, admission.MalformedReview) as e:
-            self.metrics.observe("malformed", time.perf_counter() - started)
+            self.metrics.observe(request.path, "malformed", time.perf_counter() - started)
             return web.json_response({"error": f"not an AdmissionReview: {e}"}, status=400)
-        self.metrics.observe(decision.outcome, time.perf_counter() - started)
+        self.metrics.observe(request.path, decision.outcome, time.perf_counter() - started)
         return web.json_response(answer, dumps=_dumps)
 
     async def _mutation(self, body: dict[str, Any]) -> admission.Decision:
