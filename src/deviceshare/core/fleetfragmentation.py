@@ -9,12 +9,13 @@ milli, the node's free CPU); the expected workload is the operator's learned mix
 (:mod:`workloadmix`), restricted to the shapes that ask for the resource and renormalised, so a
 cluster with two kinds of device reports each against its own groups.
 
-Why incremental: a scrape must not walk the cluster. :meth:`FleetFragmentation.node_changed` is fed
-by :meth:`ledger.DeviceLedger.subscribe` (one call per node change, O(devices of the node)); it keeps
-how many nodes are in each signature and the idle sum, and notes the count changes. Reading
-(:meth:`FleetFragmentation.rates`) prices only the signatures whose counts changed since the last read;
-when the workload itself changed it prices every live signature once (distinct node states, not nodes).
-:func:`recompute` is the full scan the incremental value must always equal (tested at random).
+Why incremental: a scrape must not walk the cluster, and a placement must not pay for the gauge.
+:meth:`FleetFragmentation.node_changed` is fed by :meth:`ledger.DeviceLedger.subscribe` and only notes
+the node's new state (O(1) on the scheduling path). Reading (:meth:`FleetFragmentation.rates`) turns
+the nodes changed since the last read into signatures, keeps how many nodes are in each signature and
+the idle sum, and prices only the signatures whose counts changed; when the workload itself changed it
+prices every live signature once (distinct node states, not nodes). A read costs at most the nodes that
+changed. :func:`recompute` is the full scan the incremental value must always equal (tested at random).
 """
 
 from __future__ import annotations
@@ -79,6 +80,7 @@ class FleetFragmentation:
     """Per resource: nodes per signature, idle milli, and the fragment sum under the last workload read."""
 
     def __init__(self) -> None:
+        self._changed: dict[str, snapshots.NodeState | None] = {}  # the nodes' latest states, not yet counted
         self._nodes: dict[str, tuple[_Entry, ...]] = {}
         self._counts: dict[str, dict[frag.Signature, int]] = {}  # resource -> signature -> open nodes in it
         self._idle: dict[str, int] = {}  # resource -> idle compute milli over the open nodes
@@ -89,19 +91,24 @@ class FleetFragmentation:
         self._workload: Workload | None = None
 
     def node_changed(self, name: str, state: snapshots.NodeState | None) -> None:
-        """The ledger's word that ``name`` now is ``state`` (None: the node is gone)."""
-        new = entries(state)
-        old = self._nodes.get(name, ())
-        if new == old:
-            return
-        if new:
-            self._nodes[name] = new
-        else:
-            self._nodes.pop(name, None)
-        for entry in old:
-            self._count(entry, -1)
-        for entry in new:
-            self._count(entry, +1)
+        """The ledger's word that ``name`` now is ``state`` (None: the node is gone); counted at the next read."""
+        self._changed[name] = state
+
+    def _take_changes(self) -> None:
+        changed, self._changed = self._changed, {}
+        for name, state in changed.items():
+            new = entries(state)
+            old = self._nodes.get(name, ())
+            if new == old:
+                continue
+            if new:
+                self._nodes[name] = new
+            else:
+                self._nodes.pop(name, None)
+            for entry in old:
+                self._count(entry, -1)
+            for entry in new:
+                self._count(entry, +1)
 
     def _count(self, entry: _Entry, delta: int) -> None:
         resource, sig = entry
@@ -120,6 +127,7 @@ class FleetFragmentation:
 
     def rates(self, workload: Workload) -> dict[str, float]:
         """resource -> fragmentation rate (0..1) of the open nodes having that resource, against ``workload``."""
+        self._take_changes()
         if workload != self._workload:
             self._reprice(workload)
         else:
