@@ -41,6 +41,8 @@ class FleetSource(Protocol):
     def unschedulable(self) -> tallies.Tally[GroupKey, str]: ...
     @property
     def fgd(self) -> fgdplacement.FGDPlacement: ...
+    @property
+    def conflicts(self) -> Mapping[GroupKey, set[GroupKey]]: ...
 
 
 WaitingClass = tuple[str, tuple[tuple[str, int], ...]]  # (reason kind, what a group short of devices asks)
@@ -98,6 +100,12 @@ class FleetCollector(Collector):
             return
         yield _counts("deviceshare_groups", "SharedDeviceGroups by status.phase", "phase",
                       PHASES, source.state.groups.counts)  # fmt: skip
+        contested = GaugeMetricFamily(
+            "deviceshare_groups_in_conflict",
+            "Groups whose devices another group also claims (found at a rebuild; nobody new gets them until released)",
+        )
+        contested.add_metric([], float(len(source.conflicts)))
+        yield contested
         waiting = source.unschedulable.counts
         by_kind: dict[str, int] = {}
         largest: dict[str, int] = {}

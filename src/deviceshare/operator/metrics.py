@@ -69,6 +69,11 @@ class Metrics:
         self.rebuild_objects = Gauge(
             "deviceshare_rebuild_objects", "Objects the last ledger rebuild read, by kind", ["kind"], registry=r
         )
+        self.rebuild_untrusted = Gauge(
+            "deviceshare_rebuild_untrusted_claims",
+            "Pods the last rebuild found claiming devices no record of the operator backs (ignored, reported)",
+            registry=r,
+        )
         self.time_to_bound = Histogram(
             "deviceshare_group_time_to_bound_seconds",
             "From a group's creation to its status turning Bound",
@@ -96,9 +101,10 @@ class Metrics:
         """``leading()`` says whether this replica schedules: ``deviceshare_leader``, and what a standby hides."""
         self.fleet.leading = leading
 
-    def rebuilt(self, seconds: float, nodes: int, groups: int, pods: int) -> None:
+    def rebuilt(self, seconds: float, nodes: int, groups: int, pods: int, *, untrusted: int = 0) -> None:
         self.rebuild_seconds.set(seconds)
         self.rebuilds.inc()
+        self.rebuild_untrusted.set(untrusted)
         for kind, count in (("nodes", nodes), ("groups", groups), ("pods", pods)):
             self.rebuild_objects.labels(kind).set(count)
 

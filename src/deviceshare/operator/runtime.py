@@ -157,7 +157,7 @@ class Runtime:
             gc.collect()
             gc.freeze()  # the rebuilt state lives on: later collections need not scan it again
         elapsed = time.perf_counter() - started
-        ctx.metrics.rebuilt(elapsed, *counts)
+        ctx.metrics.rebuilt(elapsed, *counts, untrusted=len(sorted_claims.untrusted))
         logger.info(
             "ledger rebuilt in %.3fs: %d nodes, %d groups, %d pods, %d allocations, %d conflicts",
             elapsed, *counts, report.allocations, len(report.conflicts),
