@@ -37,7 +37,6 @@ PENDING_ALERT = "DeviceshareGroupsPendingTooLong"
 RATE_INTERVAL = "1m"  # what Grafana's $__rate_interval is for a 15 s scrape interval
 # Agreed names (COORDINATION.md) other branches add; their panels show "no data" until then, not an error.
 AWAITING = {
-    "deviceshare_api_writes_total": "#20, operator/storage.py",
     "deviceshare_preemptions_total": "#22",
     "deviceshare_preemption_victims_total": "#22",
     "deviceshare_nominations": "#22",
