@@ -23,6 +23,7 @@ from tests.charts import rendering
 from tests.charts.conftest import MODES
 from tests.manifests import kube_objects
 from tests.manifests.test_schemas import _validate_all
+from tests.monitoring.test_monitoring_manifests import validate as validate_monitoring
 
 ROOT = rendering.ROOT
 CHART = rendering.CHART
@@ -42,7 +43,7 @@ def test_helm_lint_passes_strictly_in_each_certificate_mode(mode: str) -> None:
     ({"webhook.certificates": "letsencrypt"},
      "at '/webhook/certificates': value must be one of 'self-signed', 'cert-manager', 'external'"),
     ({"nodeAgent.enabled": "true"}, "nodeAgent.enabled: this chart version does not carry it yet (issue #23)"),
-    ({"metrics.serviceMonitor.enabled": "true"}, "metrics.serviceMonitor.enabled: this chart version does not"),
+    ({"mps.enabled": "true"}, "mps.enabled: this chart version does not carry it yet (issue #23)"),
     ({"operator.leaderElect": "false"}, "operator.replicas > 1 needs operator.leaderElect: true"),
 ])
 def test_a_mistyped_or_unsupported_value_is_a_clear_error(values: dict[str, str], message: str) -> None:
@@ -172,3 +173,34 @@ def test_container_args_rbac_and_webhook_rules_come_through_values(
     for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
         assert kube_objects.one(chart, kind, "deviceshare")["webhooks"] == kube_objects.one(
             base, kind, "deviceshare")["webhooks"]
+
+
+MONITORING = {"metrics.serviceMonitor.enabled": "true", "metrics.prometheusRule.enabled": "true",
+              "metrics.grafanaDashboard.enabled": "true"}
+
+
+def _monitoring_objects(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [o for o in objects if o["metadata"].get("labels", {}).get("app.kubernetes.io/component") == "monitoring"]
+
+
+def test_the_chart_installs_what_monitoring_manifests_install() -> None:
+    """The rules, dashboards and scrape objects: the same sources (monitoring/alerts.yaml, dashboards/*.json),
+    the same objects as `kubectl apply -k monitoring/manifests`, each valid; none unless asked for."""
+    assert not _monitoring_objects(rendering.objects(rendering.template_text()))
+    chart = _monitoring_objects(rendering.objects(rendering.template_text(MONITORING)))
+    kustomize = kube_objects.render(ROOT / "monitoring" / "manifests")
+    assert _by_ref(chart) == _by_ref(kustomize)
+    for obj in chart:
+        validate_monitoring(obj)
+    for name, value in MONITORING.items():
+        only = _monitoring_objects(rendering.objects(rendering.template_text({name: value})))
+        assert {o["kind"] for o in only} == {"metrics.serviceMonitor.enabled": {"PodMonitor"},
+                                             "metrics.prometheusRule.enabled": {"PrometheusRule"},
+                                             "metrics.grafanaDashboard.enabled": {"ConfigMap"}}[name]
+
+
+def test_every_dashboard_and_the_rules_reach_the_chart() -> None:
+    links = CHART / "files" / "monitoring"
+    for source in [ROOT / "monitoring" / "alerts.yaml", *sorted((ROOT / "monitoring" / "dashboards").glob("*.json"))]:
+        link = links / source.relative_to(ROOT / "monitoring")
+        assert link.is_symlink() and link.resolve() == source.resolve(), f"link {link} to {source}"

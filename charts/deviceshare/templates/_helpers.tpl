@@ -79,7 +79,7 @@ annotations:
 
 {{/* Refuse values whose parts are not in this chart version yet, rather than ignore them. */}}
 {{- define "deviceshare.notYet" -}}
-{{- range $path, $issue := dict "nodeAgent.enabled" "#23" "mps.enabled" "#23" "metrics.serviceMonitor.enabled" "#27" "metrics.prometheusRule.enabled" "#27" "metrics.grafanaDashboard.enabled" "#27" }}
+{{- range $path, $issue := dict "nodeAgent.enabled" "#23" "mps.enabled" "#23" }}
 {{- $value := $.Values }}
 {{- range splitList "." $path }}{{ $value = index $value . }}{{ end }}
 {{- if $value }}
