@@ -25,6 +25,7 @@ from deviceshare.sandbox.fieldshapes import ATOMIC, KEY_DEFAULTS, MAP, SET, Shap
 Path = tuple[str, ...]
 MISSING: Any = object()
 
+
 def _json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
