@@ -271,20 +271,19 @@ class PodScheduler:
             # Not applied (throttled, or not sent): the group stays placed and the pod is bound on a later try.
             ctx.state.forget_binding(pod.key, pod.uid)
             raise
-        self._assume(pod, group, allocation, annotations, fresh=fresh)
+        self._assume(pod, group, allocation, annotations)
         return Outcome(Result.BOUND, node=allocation.node)
 
     def _assume(
         self, pod: state_.PodRecord, group: state_.GroupRecord, allocation: ledgers.Allocation,
-        annotations: dict[str, str], *, fresh: bool,
+        annotations: dict[str, str],
     ) -> None:
         """Seen as bound right away, so the next member counts it before the watch event arrives."""
         ctx = self.ctx
         ctx.state.assume(pod, allocation.node, annotations, group.name)
         ctx.ledger.account_pod(pod.key, allocation.node, pod.demand.cpu_milli, pod.demand.memory_bytes)
         devices = statuses.describe_allocation(allocation)
-        if fresh:
-            ctx.event(group, "Bound", f"Placed on node {allocation.node} with {devices}")
+        # The pod's one event; the group's placement is told by its status (Scheduled=True, reason Bound).
         ctx.event(
             pod, "Scheduled",
             f"Successfully assigned {names.key_text(pod.key)} to {allocation.node} with {devices} "
