@@ -75,10 +75,10 @@ class OperatorProcess:
         while time.monotonic() < deadline:
             if self.popen.poll() is not None:
                 raise RuntimeError(f"the operator exited ({self.popen.returncode}); see {self.log}")
-            with contextlib.suppress(OSError):
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/readyz", timeout=1) as answer:
-                    if answer.status == 200:
-                        return self.process
+            url = f"http://127.0.0.1:{self.port}/readyz"
+            with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=1) as answer:
+                if answer.status == 200:
+                    return self.process
             time.sleep(0.05)
         self.stop()
         raise RuntimeError(f"the operator was not ready in {timeout}s; see {self.log}")
