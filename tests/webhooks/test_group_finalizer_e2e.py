@@ -59,10 +59,10 @@ async def test_a_group_created_through_the_api_carries_the_finalizer_and_the_ope
             operator = await start_operator(operator_config(cluster))
             await kube.wait_bound("ml", "solo-0")
             await kube.wait_for(lambda: kube.events("ml", "solo-0"), "the pod's Scheduled event")
-            await operator.memo.runtime.ctx.drain()  # every event posted
-            group = await kube.group("ml", "solo")
-            assert group is not None and group["status"]["phase"] == names.PHASE_BOUND
+            await kube.wait_group("ml", "solo", lambda g: g["status"].get("phase") == names.PHASE_BOUND, "Bound")
+            await operator.stop()  # waits for its background event posts: every write it will make is made
             done = writes(operator)
+            operator = None
             assert done == {("patch", "shareddevicegroups/status"): 1, ("bind", "pods/binding"): 1,
                             ("create", "events"): 1}
             assert [e["reason"] for e in await kube.events("ml", "solo")] == []  # placement is in the status

@@ -92,6 +92,8 @@ class Intake:
         self._pods.move_parked()
 
     def on_group(self, event_type: str | None, body: Mapping[str, Any]) -> None:
+        if event_type != "DELETED" and _known(self.ctx.state.groups, body):
+            return  # the version we hold already (our own write's answer, kept before its event came)
         group = state_.group_record(body)
         if event_type == "DELETED":
             self.group_gone(group.key, group.uid)
@@ -112,12 +114,15 @@ class Intake:
             key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
             self.pod_gone(key, str(meta.get("uid", "")))
             return
-        pod = state_.pod_record(body)
+        if _known(ctx.state.pods, body):
+            return  # a version we hold already, or older: nothing new (a relist's, a late event)
+        pod = state_.pod_record(body, ctx.state.pods.get(_key(body)))
         old = ctx.state.upsert_pod(pod)
         pod = ctx.state.pods[pod.key]  # as stored (an assumed binding applied)
         if pod.on_devices and pod.node_name:
-            ctx.ledger.account_pod(pod.key, pod.node_name, pod.demand.cpu_milli, pod.demand.memory_bytes)
-        else:
+            if old is None or not old.on_devices or (old.node_name, old.demand) != (pod.node_name, pod.demand):
+                ctx.ledger.account_pod(pod.key, pod.node_name, pod.demand.cpu_milli, pod.demand.memory_bytes)
+        elif old is None or old.on_devices:
             ctx.ledger.forget_pod(pod.key)
         if self._is_ours(pod):
             self._pods.add(pod.key)
@@ -265,10 +270,30 @@ class Feed:
                 self._gone(key, have.uid)
 
 
+def _key(body: Mapping[str, Any]) -> tuple[str, str]:
+    meta = body.get("metadata") or {}
+    return (str(meta.get("namespace", "")), str(meta.get("name", "")))
+
+
+def _known(held: Mapping[tuple[str, str], state_.PodRecord | state_.GroupRecord], body: Mapping[str, Any]) -> bool:
+    """Whether we hold this very object at this version or a newer one: then its body is not even parsed."""
+    meta = body.get("metadata") or {}
+    have = held.get((meta.get("namespace", ""), meta.get("name", "")))
+    if have is None or have.uid != meta.get("uid"):
+        return False
+    version = str(meta.get("resourceVersion", ""))
+    if not version or version == have.resource_version:
+        return bool(version)
+    try:
+        return int(version) < int(have.resource_version)
+    except ValueError:  # not comparable: take the event (as ``state.newer`` does)
+        return False
+
+
 def _member_changed(old: state_.PodRecord, new: state_.PodRecord) -> bool:
     return (
         old.node_name != new.node_name
-        or old.phase != new.phase
+        or old.terminated != new.terminated  # Pending -> Running changes nothing a group's status says
         or old.deleting != new.deleting
         or old.group != new.group
         or old.selected_devices != new.selected_devices

@@ -6,6 +6,7 @@ difference is most of the operator's memory. Nodes live in the core's DeviceLedg
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import json
@@ -13,6 +14,7 @@ from collections.abc import Iterator, Mapping
 from operator import attrgetter
 from typing import Any
 
+import orjson
 import pydantic
 
 from deviceshare.api import models, names
@@ -86,7 +88,9 @@ _pod_values = attrgetter(*_POD_FIELDS)
 _MEMBER_OF = _POD_FIELDS.index("member_of")
 
 
-def pod_record(body: Mapping[str, Any]) -> PodRecord:
+def pod_record(body: Mapping[str, Any], known: PodRecord | None = None) -> PodRecord:
+    """The record of a pod's body. ``known``: the record held for it, whose container facts are reused when it
+    is the same pod (containers' env and extended resources cannot change after creation)."""
     meta = body.get("metadata") or {}
     spec = body.get("spec") or {}
     status = body.get("status") or {}
@@ -112,7 +116,10 @@ def pod_record(body: Mapping[str, Any]) -> PodRecord:
             (scheduled.get("status", ""), scheduled.get("reason", ""), scheduled.get("message", ""))
             if scheduled else None
         ),
-        containers=member_rules.container_facts(spec) if type(spec) is dict or isinstance(spec, Mapping) else (),
+        containers=(
+            known.containers if known is not None and known.uid == meta.get("uid", "")
+            else member_rules.container_facts(spec) if type(spec) is dict or isinstance(spec, Mapping) else ()
+        ),
         group_valid=group is not None and member_rules.group_name_problem(group) is None,
     )
 
@@ -144,14 +151,7 @@ class GroupRecord:
 
 def group_record(body: Mapping[str, Any]) -> GroupRecord:
     meta = body.get("metadata") or {}
-    spec: models.GroupSpec | None = None
-    error: str | None = None
-    try:
-        spec = models.GroupSpec.model_validate(body.get("spec") or {})
-    except pydantic.ValidationError as e:
-        error = "; ".join(
-            f"spec.{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors()
-        )
+    spec, error = _group_spec(body.get("spec") or {})
     try:
         status = models.GroupStatus.from_k8s(body.get("status"))
     except pydantic.ValidationError:  # hand-edited beyond the schema: rebuilt by the reconciler
@@ -168,6 +168,33 @@ def group_record(body: Mapping[str, Any]) -> GroupRecord:
         finalizers=tuple(meta.get("finalizers") or ()),
         created=str(meta.get("creationTimestamp") or ""),
     )
+
+
+# Parsed specs by their JSON: a group's spec changes rarely (each status write and its watch event carry the
+# same one) and many groups share one, so each distinct spec is validated once (a bounded memo: pure, since the
+# key is the spec itself).
+_SPECS: collections.OrderedDict[bytes, tuple[models.GroupSpec | None, str | None]] = collections.OrderedDict()
+_SPECS_KEPT = 4096
+
+
+def _group_spec(raw: Mapping[str, Any]) -> tuple[models.GroupSpec | None, str | None]:
+    """The spec as the model, or why it cannot be used (the schema should have stopped it)."""
+    try:
+        key = orjson.dumps(raw, option=orjson.OPT_SORT_KEYS)
+    except TypeError:  # not JSON (never from the API): validate it afresh
+        key = b""
+    found = _SPECS.get(key) if key else None
+    if found is not None:
+        return found
+    try:
+        found = (models.GroupSpec.model_validate(raw), None)
+    except pydantic.ValidationError as e:
+        found = (None, "; ".join(f"spec.{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors()))
+    if key:
+        _SPECS[key] = found
+        if len(_SPECS) > _SPECS_KEPT:
+            _SPECS.popitem(last=False)
+    return found
 
 
 def parse_selected_devices(raw: str | None) -> dict[str, list[str]] | None:
