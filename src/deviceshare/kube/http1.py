@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ssl
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -60,8 +60,7 @@ class _Connection(asyncio.Protocol):
         self._body = bytearray()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's are not asyncio.Transport subclasses
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
