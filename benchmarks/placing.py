@@ -132,7 +132,8 @@ async def _get_json(url: str, headers: dict[str, str], path: str) -> Any:
 
 
 async def placement(quick: bool, mode: str = "now", spy: Path | None = None) -> PlacementResult:
-    """One run; ``spy``: record the operator with py-spy (folded stacks) into that file during the burst."""
+    """One run; ``spy``: record the operator with py-spy (folded stacks) into that file during the burst, and the
+    sandbox into the same name with the suffix ``.sandbox``."""
     s = sizes(quick)
     want = s.groups * s.pods_per_group
     load_before = os.getloadavg()[0]
@@ -152,6 +153,8 @@ async def placement(quick: bool, mode: str = "now", spy: Path | None = None) -> 
             done = asyncio.Event()
             me = psutil.Process()
             recorder = profiles.Spy(operator_proc.pid, spy) if spy is not None else None
+            # The sandbox's too, beside it (``FILE.sandbox``), to see what the API emulator spends its time on.
+            sandbox_recorder = profiles.Spy(sandbox_proc.pid, spy.with_suffix(".sandbox")) if spy is not None else None
             cpu0 = (cpu_seconds(operator_proc), cpu_seconds(sandbox_proc), cpu_seconds(me))
             async with aiohttp.ClientSession(headers=headers, connector=aiohttp.TCPConnector(limit=CREATORS + 4)) as c:
                 watcher = asyncio.get_running_loop().create_task(_watch_bound(c, url, rv, bound_at, want, done))
@@ -169,6 +172,8 @@ async def placement(quick: bool, mode: str = "now", spy: Path | None = None) -> 
             t_end = time.perf_counter()
             cpu1 = (cpu_seconds(operator_proc), cpu_seconds(sandbox_proc), cpu_seconds(me))
             profile = recorder.stop() if recorder is not None else None
+            if sandbox_recorder is not None:
+                sandbox_recorder.stop()
             rss = operator.rss_mib()
         finally:
             await asyncio.to_thread(operator.stop)

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from collections.abc import Mapping
 from typing import Any
 
 import aiohttp.web
 import kmock
+import orjson
 
 from deviceshare.sandbox import (
     admission,
@@ -43,7 +43,7 @@ _REQUEST_LOG_LIMIT = 2000
 
 def _json(body: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> aiohttp.web.Response:
     return aiohttp.web.Response(
-        body=json.dumps(body).encode(), status=status, headers=headers, content_type="application/json"
+        body=orjson.dumps(body), status=status, headers=headers, content_type="application/json"
     )
 
 
@@ -284,8 +284,8 @@ class ApiServer(kmock.KubernetesScaffold):
         labels, fields = parsing.selectors_of(request.params, rtype)
         encoded, rv = self.store.list_encoded(rtype, ns, labels, fields)
         # The cached JSON of each object, joined: no object is copied or serialized again.
-        head = json.dumps(_list_head(rtype, rv))
-        body = head[:-1].encode() + b', "items": [' + b", ".join(encoded) + b"]}"
+        head = orjson.dumps(_list_head(rtype, rv))
+        body = head[:-1] + b',"items":[' + b",".join(encoded) + b"]}"
         return aiohttp.web.Response(body=body, content_type="application/json")
 
     def _answer(

@@ -14,9 +14,10 @@ watchers get events through ``asyncio.Queue.put_nowait`` in the order of resourc
 from __future__ import annotations
 
 import collections
-import json
 from collections.abc import Callable, Mapping
 from typing import Any
+
+import orjson
 
 from deviceshare.sandbox import catalog, dryrun, errors, patches, registry, selectors, strategies, watches
 
@@ -130,7 +131,7 @@ class ObjectStore:
                 continue
             line = cache.get(key)
             if line is None:
-                line = cache[key] = json.dumps(obj).encode()
+                line = cache[key] = orjson.dumps(obj)
             result.append(line)
         return result, self.resource_version
 
