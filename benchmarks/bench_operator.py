@@ -95,17 +95,24 @@ class RebuildResult:
 class CachedLists:
     """Stands in for ClusterApi in Runtime.rebuild so only the in-memory part is timed."""
 
+    request_timeout = 30.0
+
     def __init__(self, nodes: watching.Listing, groups: watching.Listing, pods: watching.Listing) -> None:
         self.nodes, self.groups, self.pods = nodes, groups, pods
 
-    async def list_nodes(self) -> watching.Listing:
-        return self.nodes
+    async def list_nodes(self, transform: Any = None) -> watching.Listing:
+        return _through(self.nodes, transform)
 
-    async def list_groups(self) -> watching.Listing:
-        return self.groups
+    async def list_groups(self, transform: Any = None) -> watching.Listing:
+        return _through(self.groups, transform)
 
-    async def list_pods(self) -> watching.Listing:
-        return self.pods
+    async def list_pods(self, transform: Any = None) -> watching.Listing:
+        return _through(self.pods, transform)
+
+
+def _through(listing: watching.Listing, transform: Any) -> watching.Listing:
+    return watching.Listing([transform(b) for b in listing.items] if transform else listing.items,
+                            listing.resource_version)
 
 
 async def _timed(coro: Any) -> tuple[float, Any]:

@@ -49,11 +49,13 @@ class FakeApi:
         self.groups: dict[tuple[str, str], dict[str, Any]] = {}
         self.listed_pods: list[dict[str, Any]] | None = None  # a list older than the objects (None: all)
 
-    async def list_pods(self) -> watching.Listing:
-        return watching.Listing(list(self.pods.values()) if self.listed_pods is None else self.listed_pods, "1")
+    async def list_pods(self, transform: Any = None) -> watching.Listing:
+        items = list(self.pods.values()) if self.listed_pods is None else self.listed_pods
+        return watching.Listing([transform(b) for b in items] if transform else items, "1")
 
-    async def list_groups(self) -> watching.Listing:
-        return watching.Listing(list(self.groups.values()), "1")
+    async def list_groups(self, transform: Any = None) -> watching.Listing:
+        items = list(self.groups.values())
+        return watching.Listing([transform(b) for b in items] if transform else items, "1")
 
     async def get_pod(self, key: tuple[str, str]) -> dict[str, Any] | None:
         return self.pods.get(key)

@@ -18,7 +18,7 @@ import logging
 import random
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 import aiohttp
 import orjson
@@ -40,6 +40,19 @@ class Sink(Protocol):
 
     def apply(self, event_type: str, obj: Object) -> None:
         """One change: ``ADDED``, ``MODIFIED`` or ``DELETED``."""
+
+
+@runtime_checkable
+class PagedSink(Protocol):
+    """A sink that takes a list page by page, so a relist of 150,000 pods never sits in memory whole: ``begin``,
+    then ``page`` for each page in order, then ``end`` with the list's resourceVersion (together what ``replace``
+    does with the whole list). A list that fails midway ends without ``end``; the next one begins again."""
+
+    def begin(self) -> None: ...
+
+    def page(self, objects: list[Object]) -> None: ...
+
+    def end(self, resource_version: str | None) -> None: ...
 
 
 class Expired(Exception):
@@ -67,12 +80,16 @@ class Backoff:
         self.attempts = 0
 
 
-@dataclass(frozen=True)
-class Listing:
-    """A whole collection as one list returned it: its items, and the resourceVersion it is a picture of (a
-    watch started from that version misses nothing that happened after the list)."""
+_Item = TypeVar("_Item")
 
-    items: list[dict[str, Any]]
+
+@dataclass(frozen=True)
+class Listing(Generic[_Item]):
+    """A whole collection as one list returned it: its items (the objects, or what the caller made of each), and
+    the resourceVersion it is a picture of (a watch started from that version misses nothing that happened after
+    the list)."""
+
+    items: list[_Item]
     resource_version: str | None
 
 
@@ -135,20 +152,30 @@ class Reflector:
                 await asyncio.sleep(delay)
 
     async def _list(self) -> None:
+        paged = self._sink if isinstance(self._sink, PagedSink) else None
         items: list[Object] = []
         token: str | None = None
+        if paged is not None:
+            paged.begin()
         while True:
             kwargs: dict[str, Any] = {"limit": self._page_size}
             if token:
                 kwargs["_continue"] = token
             body = await self._request(kwargs, self._request_timeout_s, read_body=True)
-            items.extend(body.get("items") or [])
+            if paged is not None:
+                paged.page(body.get("items") or [])  # handed over at once: no page waits for the last one
+            else:
+                items.extend(body.get("items") or [])
             meta = body.get("metadata") or {}
             token = meta.get("continue")
+            del body
             if not token:
                 break
         self.resource_version = str(meta.get("resourceVersion") or "") or None
-        self._sink.replace(items, self.resource_version)
+        if paged is not None:
+            paged.end(self.resource_version)
+        else:
+            self._sink.replace(items, self.resource_version)
         self.relists += 1
         self._backoff.reset()
         self.synced.set()

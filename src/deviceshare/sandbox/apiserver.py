@@ -31,6 +31,7 @@ from deviceshare.sandbox import (
     faults,
     identity,
     managedfields,
+    paging,
     parsing,
     patches,
     store,
@@ -45,6 +46,15 @@ def _json(body: Any, status: int = 200, headers: Mapping[str, str] | None = None
     return aiohttp.web.Response(
         body=orjson.dumps(body), status=status, headers=headers, content_type="application/json"
     )
+
+
+def _limit(raw: str | None) -> int | None:
+    """``limit``: a positive integer asks for pages; anything else (absent, 0) for the whole list."""
+    try:
+        value = int(raw) if raw else 0
+    except ValueError:
+        raise errors.bad_request(f"limit: invalid value {raw!r}") from None
+    return value if value > 0 else None
 
 
 def _list_head(rtype: catalog.ResourceType, rv: str) -> dict[str, Any]:
@@ -66,6 +76,7 @@ class ApiServer(kmock.KubernetesScaffold):
         super().__init__()
         self.store = objects
         self.admission = webhooks
+        self.pages = paging.Pages()  # lists asked for with ``limit`` / ``continue``
         self.users = dict(identity.DEFAULT_TOKENS if users is None else users)  # bearer token -> user
         self.faults = faults.Faults()
         self.bookmark_interval = bookmark_interval
@@ -282,10 +293,16 @@ class ApiServer(kmock.KubernetesScaffold):
             items, rv = self._select(request, rtype, ns, copied=False)  # serialized right away
             return _json(tables.table(rtype, items, rv, request.params.get("includeObject", "Metadata")))
         labels, fields = parsing.selectors_of(request.params, rtype)
-        encoded, rv = self.store.list_encoded(rtype, ns, labels, fields)
+        limit, token = _limit(request.params.get("limit")), request.params.get("continue")
+        if limit or token:  # paged (see paging)
+            encoded, rv, token = self.pages.page(self.store, rtype, ns, labels, fields, limit, token)
+        else:
+            encoded, rv = self.store.list_encoded(rtype, ns, labels, fields)
         # The cached JSON of each object, joined: no object is copied or serialized again.
-        head = orjson.dumps(_list_head(rtype, rv))
-        body = head[:-1] + b',"items":[' + b",".join(encoded) + b"]}"
+        head = _list_head(rtype, rv)
+        if token:
+            head["metadata"]["continue"] = token
+        body = orjson.dumps(head)[:-1] + b',"items":[' + b",".join(encoded) + b"]}"
         return aiohttp.web.Response(body=body, content_type="application/json")
 
     def _answer(

@@ -117,13 +117,15 @@ class ObjectStore:
         namespace: str | None,
         labels: selectors.LabelSelector,
         fields: selectors.FieldSelector,
+        keys: list[tuple[str, str]] | None = None,
     ) -> tuple[list[bytes], str]:
-        """Like ``list_objects``, as the JSON of each object (cached until the object changes)."""
+        """Like ``list_objects``, as the JSON of each object (cached until the object changes); ``keys``: only
+        these, in this order, those still stored (a page of a paged list, see ``paging``)."""
         objects, cache = self._objects[rtype.key], self._encoded[rtype.key]
         result = []
-        for key in sorted(objects):
-            obj = objects[key]
-            if namespace and key[0] != namespace:
+        for key in sorted(objects) if keys is None else keys:
+            obj = objects.get(key)
+            if obj is None or (namespace and key[0] != namespace):
                 continue
             if (labels.requirements and not labels.matches(meta(obj).get("labels"))) or (
                 fields.terms and not fields.matches(obj)
@@ -134,6 +136,10 @@ class ObjectStore:
                 line = cache[key] = orjson.dumps(obj)
             result.append(line)
         return result, self.resource_version
+
+    def keys(self, rtype: catalog.ResourceType, namespace: str | None) -> list[tuple[str, str]]:
+        """The (namespace, name) of every stored object of a type, sorted."""
+        return sorted(k for k in self._objects[rtype.key] if not namespace or k[0] == namespace)
 
     # ---- watching ------------------------------------------------------------------------
     def subscribe(self, key: Key, since: int | None) -> tuple[Subscription, list[WatchEvent]]:

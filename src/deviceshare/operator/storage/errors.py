@@ -34,6 +34,10 @@ class RetryLater(Exception):
         self.delay = delay
 
 
+class Expired(RetryLater):
+    """410: a paged list's continue token is too old (the server moved on): list again from the start."""
+
+
 class Uncertain(RetryLater):
     """A write whose answer was lost (5xx, a timeout, a dropped connection) and could not be read back: it
     may have landed. Keep everything it could have claimed, and try again later."""
@@ -72,6 +76,8 @@ def translate(
         return Conflict(text)
     if status == 404:
         return Gone(text)
+    if status == 410:
+        return Expired(text)
     if status in (400, 403, 415, 422):
         return Invalid(text)
     if write and status >= 500:  # 504 Timeout says it outright: "may still be processing the request"
