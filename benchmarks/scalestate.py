@@ -8,8 +8,9 @@ into the sandbox's store (its write path, no HTTP: filling 150,000 pods over HTT
 than everything measured). The sandbox then serves them over HTTP like any other; its lists answer from its
 encoded-JSON cache.
 
-The child also takes commands (``commands`` queue): ``"expire"`` forgets the watch history and closes every
-watch, so each client's resume gets 410 Gone and relists, as after an API server's watch cache moved on.
+The child also takes commands (``commands`` queue): ``"expire"`` moves the resourceVersion past every watcher's,
+forgets the watch history and closes every watch, so each client's resume gets 410 Gone and relists, as after an
+API server's watch cache moved on.
 """
 
 from __future__ import annotations
@@ -143,11 +144,21 @@ async def _serve(
     results.put({"fill_s": time.perf_counter() - started})
     loop = asyncio.get_running_loop()
 
+    def expire() -> None:
+        """Every watcher's resourceVersion falls behind the history: held streams deliver nothing (no bookmark
+        moves them on), a write moves the version on, the history is forgotten, the streams close."""
+        sandbox.stall_watches()
+        sandbox.create({"apiVersion": "v1", "kind": "ConfigMap",
+                        "metadata": {"name": f"expire-{time.monotonic_ns()}", "namespace": "default"}})
+        sandbox.compact()
+        sandbox.drop_watches()
+        sandbox.resume_watches()
+
     def obey() -> None:
         while True:
             command = commands.get()
             if command == "expire":
-                loop.call_soon_threadsafe(lambda: (sandbox.compact(), sandbox.drop_watches()))
+                loop.call_soon_threadsafe(expire)
             elif command == "stop":
                 return
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
@@ -155,6 +156,7 @@ class Reflector:
         paged = self._sink if isinstance(self._sink, PagedSink) else None
         items: list[Object] = []
         token: str | None = None
+        started, count = time.monotonic(), 0
         if paged is not None:
             paged.begin()
         while True:
@@ -162,10 +164,13 @@ class Reflector:
             if token:
                 kwargs["_continue"] = token
             body = await self._request(kwargs, self._request_timeout_s, read_body=True)
+            found = body.get("items") or []
+            count += len(found)
             if paged is not None:
-                paged.page(body.get("items") or [])  # handed over at once: no page waits for the last one
+                paged.page(found)  # handed over at once: no page waits for the last one
             else:
-                items.extend(body.get("items") or [])
+                items.extend(found)
+            del found
             meta = body.get("metadata") or {}
             token = meta.get("continue")
             del body
@@ -176,6 +181,8 @@ class Reflector:
             paged.end(self.resource_version)
         else:
             self._sink.replace(items, self.resource_version)
+        logger.info("%s: listed %d objects in %.2fs (resourceVersion %s)", self.name, count,
+                    time.monotonic() - started, self.resource_version)
         self.relists += 1
         self._backoff.reset()
         self.synced.set()

@@ -166,8 +166,9 @@ class Runtime:
             for gkey in state.groups:
                 self.reconciles.request(gkey)
             del records  # the pods' records before they joined their groups
-            gc.unfreeze()  # a previous rebuild's frozen objects: any cycle among them is garbage now
-            gc.collect()
+            if gc.get_freeze_count():  # a previous term's state, frozen: any cycle among it is garbage now
+                gc.unfreeze()
+                gc.collect()  # (at the first rebuild there is no old state to collect: 1-2 s spared at 150k pods)
             gc.freeze()  # the rebuilt state lives on: later collections need not scan it again
         elapsed = time.perf_counter() - started
         ctx.metrics.rebuilt(elapsed, *counts, untrusted=len(sorted_claims.untrusted))
