@@ -272,3 +272,19 @@ async def test_a_write_that_never_left_is_retried_and_one_whose_answer_was_lost_
     await script.api.bind_pod(("ns", "p"), "pu", "n1", ANNOTATIONS)  # read back: bound by us
     assert script.requests() == [("POST", POD_PATH + "/binding"), ("GET", POD_PATH)]
     assert script.outcomes == [("bind", "pods/binding", "uncertain_resolved")]
+
+
+async def test_a_list_goes_page_by_page_each_made_into_records_and_starts_again_after_a_410(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def page(names_: list[str], version: str, token: str | None) -> dict[str, Any]:
+        meta: dict[str, Any] = {"resourceVersion": version, **({"continue": token} if token else {})}
+        return {"metadata": meta, "items": [{"metadata": {"name": n}} for n in names_]}
+
+    script = Script(monkeypatch, page(["a", "b"], "7", "t1"), rest.ApiError(410, "continue token too old"),
+                    page(["a", "b"], "9", "t2"), page(["c"], "9", None))
+    listing = await script.api.list_pods(lambda body: body["metadata"]["name"].upper())
+    assert (listing.items, listing.resource_version) == (["A", "B", "C"], "9")
+    paths = [s.path for s in script.sent]
+    assert paths[0] == "/api/v1/pods?limit=2000" and paths[1].endswith("&continue=t1")
+    assert paths[2] == paths[0] and paths[3].endswith("&continue=t2")  # a fresh list after the 410
