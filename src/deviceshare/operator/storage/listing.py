@@ -10,6 +10,7 @@ it misses nothing. A continue token that expires midway (410) starts the list ag
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar, overload
 from urllib.parse import quote
@@ -74,18 +75,30 @@ async def collection(
 async def _pages(
     api: Reads, path: str, what: str, transform: Callable[[Body], Any] | None, page: int
 ) -> watching.Listing[Any]:
+    """The pages in order; the next one is asked for as soon as a page arrives, so the server (another process)
+    prepares and sends it while this one makes records of the last."""
     items: list[Any] = []
     version: str | None = None
-    token: str | None = None
-    while True:
+
+    def ask(token: str | None) -> asyncio.Task[Any]:
         query = f"?limit={page}" + (f"&continue={quote(token, safe='')}" if token else "")
-        data = await api._call("GET", path + query, what)
-        found = data.get("items") or []
-        items.extend(found if transform is None else map(transform, found))
-        meta = data.get("metadata") or {}
-        if version is None and meta.get("resourceVersion"):
-            version = str(meta["resourceVersion"])
-        token = meta.get("continue") or None
-        del data, found
-        if not token:
-            return watching.Listing(items, version)
+        return asyncio.ensure_future(api._call("GET", path + query, what))
+
+    pending = ask(None)
+    try:
+        while True:
+            data = await pending
+            meta = data.get("metadata") or {}
+            token = meta.get("continue") or None
+            if token:
+                pending = ask(token)
+            if version is None and meta.get("resourceVersion"):
+                version = str(meta["resourceVersion"])
+            found = data.get("items") or []
+            items.extend(found if transform is None else map(transform, found))
+            del data, found
+            if not token:
+                return watching.Listing(items, version)
+    finally:
+        if not pending.done():
+            pending.cancel()
