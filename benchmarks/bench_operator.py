@@ -11,7 +11,7 @@
 
     python -m benchmarks.run --only operator            # full size (a few minutes)
     python -m benchmarks.bench_operator --quick         # small sizes, prints the section
-    python -m benchmarks.bench_operator --placement --spy DIR   # placements only, py-spy on the operator
+    python -m benchmarks.bench_operator --placement --spy DIR   # placements only, py-spy on both operators
 """
 
 from __future__ import annotations
@@ -46,14 +46,15 @@ PLACEMENT_PAIRS = 3
 CODE = {
     "JSON (orjson, json)": ("orjson", "json/"),
     "pydantic models": ("pydantic",),
-    "HTTP client (aiohttp, yarl, multidict, kubernetes_asyncio)": ("aiohttp/", "yarl/", "multidict/",
-                                                                   "kubernetes_asyncio/"),
+    "aiohttp, yarl, multidict, kubernetes_asyncio (HTTP, watches)": ("aiohttp/", "yarl/", "multidict/",
+                                                                     "kubernetes_asyncio/"),
+    "kube/http1 (our HTTP/1.1 client for writes)": ("kube/http1.py",),
     "Prometheus metrics": ("prometheus_client/",),
     "placement decision (core/)": ("deviceshare/core/",),
-    "watch events into records (kube/watching, intake, state)": ("kube/watching.py", "operator/intake.py",
-                                                                "operator/state.py"),
+    "watch events into records (kube/watching, intake, state, records)": (
+        "kube/watching.py", "operator/intake.py", "operator/state.py", "operator/records.py"),
     "status bodies and annotations (statuses, api/)": ("operator/statuses.py", "deviceshare/api/"),
-    "writes (storage/, kube/rest)": ("operator/storage/", "kube/rest.py"),
+    "writes: fence, count, read-back (storage/, kube/rest)": ("operator/storage/", "kube/rest.py"),
     "scheduler, reconciler, events, queues": ("deviceshare/operator/",),
     "asyncio (tasks, locks, queues)": ("asyncio/",),
 }
@@ -240,21 +241,28 @@ Events posted, by reason: {said}.
 {profile}"""
 
 
-def section_profile(path: Path | None) -> str:
-    if path is None:
+def section_profile(paths: dict[str, Path]) -> str:
+    """Where each operator's time goes, side by side (py-spy's samples of one run of each)."""
+    if not paths:
         return ""
+    modes = list(paths)
     lines = []
-    for title, places, leaf in (("code it runs", CODE, True), ("what it is for", PURPOSE, False)):
-        total, shares = profiles.summary(path, places, leaf_first=leaf)
-        lines.append(f"| **{title}** ({total} samples) | |")
-        lines += [f"| {name} | {100 * share:.0f}% |" for name, share in shares.items()]
+    for title, places, leaf in (("by the code it runs", CODE, True), ("by what it is for", PURPOSE, False)):
+        summaries = {m: profiles.summary(paths[m], places, leaf_first=leaf) for m in modes}
+        totals = " | ".join(f"{summaries[m][0]} samples" for m in modes)
+        lines.append(f"| **{title}** | {totals} |")
+        for name in [*places, "other"]:
+            shares = " | ".join(f"{100 * summaries[m][1].get(name, 0.0):.0f}%" for m in modes)
+            lines.append(f"| {name} | {shares} |")
     table = "\n".join(lines)
+    header = " | ".join(modes)
+    rule = "|".join("---:" for _ in modes)
     return f"""
-Where the operator's time goes in one *now* run (py-spy sampling it at 200 Hz during the burst, `--spy`; the
-event loop's own waiting left out):
+Where each operator's time goes, in one run of each (py-spy sampling it at 200 Hz during the burst; the event
+loop's own waiting left out; shares of each one's busy samples):
 
-| where | share of its samples |
-|---|---|
+| where | {header} |
+|---|{rule}|
 {table}
 """
 
@@ -287,22 +295,25 @@ operator RSS under {TARGET_RSS_MIB:.0f} MiB — {_ok(r.rss[0] < TARGET_RSS_MIB)}
 
 
 def placements(quick: bool, pairs: int, spy: Path | None = None) -> list[PlacementResult]:
-    """Today's and this operator alternately, ``pairs`` times each; py-spy on the last *now* run."""
+    """Today's and this operator alternately, ``pairs`` times each; py-spy on the last run of each (``spy``: a
+    folder for the folded stacks, ``today.folded`` and ``now.folded``)."""
     runs = []
     for i in range(pairs):
         for mode in ("today", "now") if baseline.source() is not None else ("now",):
-            last = i == pairs - 1 and mode == "now"
-            runs.append(asyncio.run(placing.placement(quick, mode, spy if last else None)))
+            last = i == pairs - 1 and spy is not None
+            runs.append(asyncio.run(placing.placement(quick, mode, spy / f"{mode}.folded" if last and spy else None)))
     return runs
 
 
+def profiled(runs: list[PlacementResult]) -> dict[str, Path]:
+    return {r.mode: r.profile for r in runs if r.profile is not None}
+
+
 def run(quick: bool, spy: Path | None = None) -> str:
-    if spy is None:
-        spy = Path(tempfile.gettempdir()) / "bench-operator-now.folded"
+    spy = spy or Path(tempfile.mkdtemp(prefix="bench-operator-spy-"))
     runs = placements(quick, 1 if quick else PLACEMENT_PAIRS, spy)
-    profile = section_profile(next((r.profile for r in reversed(runs) if r.profile), None))
     r = asyncio.run(restart(quick))
-    return section_placement(runs, profile) + "\n" + section_restart(r)
+    return section_placement(runs, section_profile(profiled(runs))) + "\n" + section_restart(r)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -310,12 +321,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--placement", action="store_true", help="placements only (today's and ours)")
     parser.add_argument("--pairs", type=int, default=1, help="with --placement: runs of each")
-    parser.add_argument("--spy", metavar="FILE", type=Path, help="py-spy's folded stacks of the last run's operator")
+    parser.add_argument("--spy", metavar="DIR", type=Path, help="where py-spy's folded stacks of the last runs go")
     args = parser.parse_args(argv)
     if args.placement:
         runs = placements(args.quick, args.pairs, args.spy)
-        profile = section_profile(next((r.profile for r in reversed(runs) if r.profile), None))
-        print(section_placement(runs, profile))
+        print(section_placement(runs, section_profile(profiled(runs))))
         return 0
     print(run(args.quick, args.spy))
     return 0

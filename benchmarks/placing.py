@@ -154,7 +154,9 @@ async def placement(quick: bool, mode: str = "now", spy: Path | None = None) -> 
             me = psutil.Process()
             recorder = profiles.Spy(operator_proc.pid, spy) if spy is not None else None
             # The sandbox's too, beside it (``FILE.sandbox``), to see what the API emulator spends its time on.
-            sandbox_recorder = profiles.Spy(sandbox_proc.pid, spy.with_suffix(".sandbox")) if spy is not None else None
+            sandbox_recorder = (
+                profiles.Spy(sandbox_proc.pid, spy.with_suffix(".sandbox")) if spy is not None else None
+            )
             cpu0 = (cpu_seconds(operator_proc), cpu_seconds(sandbox_proc), cpu_seconds(me))
             async with aiohttp.ClientSession(headers=headers, connector=aiohttp.TCPConnector(limit=CREATORS + 4)) as c:
                 watcher = asyncio.get_running_loop().create_task(_watch_bound(c, url, rv, bound_at, want, done))
