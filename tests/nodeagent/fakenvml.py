@@ -50,31 +50,31 @@ class NVMLError(Exception):
         return f"{type(self).__name__.removeprefix('NVMLError_')} ({self.value})"
 
 
-class NVMLError_Uninitialized(NVMLError):  # noqa: N801 — the binding's names
+class NVMLError_Uninitialized(NVMLError):
     value = NVML_ERROR_UNINITIALIZED
 
 
-class NVMLError_InvalidArgument(NVMLError):  # noqa: N801
+class NVMLError_InvalidArgument(NVMLError):
     value = NVML_ERROR_INVALID_ARGUMENT
 
 
-class NVMLError_NotSupported(NVMLError):  # noqa: N801
+class NVMLError_NotSupported(NVMLError):
     value = NVML_ERROR_NOT_SUPPORTED
 
 
-class NVMLError_DriverNotLoaded(NVMLError):  # noqa: N801
+class NVMLError_DriverNotLoaded(NVMLError):
     value = NVML_ERROR_DRIVER_NOT_LOADED
 
 
-class NVMLError_Timeout(NVMLError):  # noqa: N801
+class NVMLError_Timeout(NVMLError):
     value = NVML_ERROR_TIMEOUT
 
 
-class NVMLError_LibraryNotFound(NVMLError):  # noqa: N801
+class NVMLError_LibraryNotFound(NVMLError):
     value = NVML_ERROR_LIBRARY_NOT_FOUND
 
 
-class NVMLError_GpuIsLost(NVMLError):  # noqa: N801
+class NVMLError_GpuIsLost(NVMLError):
     value = NVML_ERROR_GPU_IS_LOST
 
 
@@ -239,7 +239,7 @@ class FakeNvml:
         self._check(handle)
         events.registered[handle.row] = events.registered.get(handle.row, 0) | mask
 
-    def nvmlEventSetWait_v2(self, events: EventSet, timeout_ms: int) -> SimpleNamespace:  # noqa: N802
+    def nvmlEventSetWait_v2(self, events: EventSet, timeout_ms: int) -> SimpleNamespace:
         with events.ready:
             if not events.queue:
                 events.ready.wait(timeout_ms / 1000)
