@@ -50,13 +50,23 @@ class _LedgerCollector(Collector):
             "deviceshare_device_memory_bytes", "Device memory the node declares, over its devices", labels=labels
         )
         tiles = GaugeMetricFamily("deviceshare_tiles_allocated", "Device tiles held by groups", labels=labels)
+        unhealthy = GaugeMetricFamily(
+            "deviceshare_devices_unhealthy", "Devices the node reports unhealthy (deviceshare.io/device-health)",
+            labels=labels,
+        )
+        on_unhealthy = GaugeMetricFamily(
+            "deviceshare_groups_on_unhealthy_devices", "Groups holding a device their node reports unhealthy"
+        )
         if self.ledger is not None:
             for node in self.ledger.nodes():
                 for resource, ids in node.devices.items():
                     key = [node.name, resource]
                     n_free = len(self.ledger.free_devices(node.name, resource))
+                    sick = [d for d in ids if d in node.unhealthy.get(resource, ())]
+                    idle_sick = sum(1 for d in sick if self.ledger.holder(node.name, resource, d) is None)
                     free.add_metric(key, n_free)
-                    used.add_metric(key, len(ids) - n_free)
+                    used.add_metric(key, len(ids) - n_free - idle_sick)
+                    unhealthy.add_metric(key, len(sick))
                     milli, mem, n_tiles = self._given_out(node, resource, ids)
                     compute.add_metric(key, milli / 1000)
                     per_device = node.device_memory.get(resource)
@@ -65,12 +75,19 @@ class _LedgerCollector(Collector):
                         memory_cap.add_metric(key, per_device * len(ids))
                     if node.device_tiles.get(resource):
                         tiles.add_metric(key, n_tiles)
+            on_unhealthy.add_metric([], sum(
+                1 for a in self.ledger.allocations()
+                if (info := self.ledger.node(a.node)) is not None
+                and any(info.unhealthy.get(r, frozenset()) & set(ids) for r, ids in a.devices.items())
+            ))
         yield free
         yield used
         yield compute
         yield memory
         yield memory_cap
         yield tiles
+        yield unhealthy
+        yield on_unhealthy
 
     def _given_out(self, node: NodeInfo, resource: str, ids: Sequence[str]) -> tuple[int, int, int]:
         """(compute milli, memory bytes, tiles) held on the node's devices of ``resource``."""

@@ -244,12 +244,14 @@ class GroupReconciler:
                 return
         self._new_groups.pop(gkey, None)
         skipped_why = skipped_message(skipped, ctx.config.scheduler_name) if skipped else None
+        unhealthy = statuses.unhealthy_held(allocation, ctx.ledger.node(allocation.node) if allocation else None)
         desired = statuses.reconciled(
             group, allocation, phase=phase,
             scheduled=statuses.scheduled(allocation, unschedulable=ctx.unschedulable.get(gkey), skipped=skipped_why),
             node_lost=node_lost, conflicting_with=ctx.conflicts.get(gkey, ()),
             # Not a pod the pre-bind member check refuses: its annotation names the group, but it is no member.
             members=statuses.member_names(ctx.state, group, ctx.config.env_names),
+            unhealthy=unhealthy,
         )
         current = group.status
         if statuses.unchanged(current, desired):
@@ -257,6 +259,9 @@ class GroupReconciler:
         if node_lost and not any(c.type == names.CONDITION_NODE_LOST for c in current.conditions):
             ctx.event(group, "NodeLost", f"{node_lost}; devices stay held while a member still runs there",
                       warning=True)
+        if unhealthy and not any(c.type == names.CONDITION_DEVICE_UNHEALTHY and c.message.startswith(unhealthy)
+                                 for c in current.conditions):
+            ctx.event(group, "DeviceUnhealthy", f"{unhealthy}; its pods keep running (not evicted)", warning=True)
         try:
             written = await ctx.api.patch_group_status(gkey, desired)
         except storage.Gone:

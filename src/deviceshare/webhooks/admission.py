@@ -25,7 +25,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from deviceshare.api import envnames, models, names
+from deviceshare.core import capacity, placement
 from deviceshare.core import members as member_rules
+from deviceshare.webhooks import mpsclients
 
 ADMISSION_API_VERSION = "admission.k8s.io/v1"
 RETRY_MESSAGE = "deviceshare webhook is still loading groups; retry the pod creation"
@@ -77,9 +79,10 @@ def review(
     lookup: GroupView,
     env_names: envnames.EnvNames,
     scheduler_name: str = names.DEFAULT_SCHEDULER_NAME,
+    mps: mpsclients.MpsMount | None = None,
 ) -> dict[str, Any]:
     """The AdmissionReview response for an AdmissionReview request (raises :class:`MalformedReview`)."""
-    return respond(body, decide(body, lookup, env_names, scheduler_name))
+    return respond(body, decide(body, lookup, env_names, scheduler_name, mps))
 
 
 def decide(
@@ -87,8 +90,10 @@ def decide(
     lookup: GroupView,
     env_names: envnames.EnvNames,
     scheduler_name: str = names.DEFAULT_SCHEDULER_NAME,
+    mps: mpsclients.MpsMount | None = None,
 ) -> Decision:
-    """The decision alone (raises :class:`MalformedReview`)."""
+    """The decision alone (raises :class:`MalformedReview`). ``mps``: shares are enforced by the node's MPS
+    daemon (``--mps-root``), so members of compute/memory shares get its pipe and shm (:mod:`mpsclients`)."""
     request = request_of(body)
     kind = request.get("kind") or {}
     if (
@@ -102,7 +107,7 @@ def decide(
     if not isinstance(pod, Mapping):
         raise MalformedReview("request.object is not a pod")
     namespace = str(request.get("namespace") or (pod.get("metadata") or {}).get("namespace") or "")
-    return mutate(pod, namespace, lookup, env_names, scheduler_name)
+    return mutate(pod, namespace, lookup, env_names, scheduler_name, mps)
 
 
 def group_name_of(pod: Mapping[str, Any]) -> str | None:
@@ -118,6 +123,7 @@ def mutate(
     lookup: GroupView,
     env_names: envnames.EnvNames,
     scheduler_name: str,
+    mps: mpsclients.MpsMount | None = None,
 ) -> Decision:
     """The decision for a pod being created in ``namespace``."""
     group_name = group_name_of(pod)
@@ -151,7 +157,16 @@ def mutate(
                 f"SharedDeviceGroup {group_name!r} already has {members} of its "
                 f"maxMembers={group.max_members} members"
             )
+    enforced = mps is not None and placement.needs_mps(capacity.shares_from_spec(group.share))
+    if enforced:
+        assert mps is not None
+        mps_problem = mpsclients.problem(pod, mps)
+        if mps_problem:
+            return deny(mps_problem)
     patch = list(_patch(pod, group_name, env, scheduler_name))
+    if enforced:
+        assert mps is not None
+        patch += mpsclients.patch(pod, mps, pointer)
     return Decision(allowed=True, patch=patch, outcome="patched" if patch else "unchanged")
 
 

@@ -36,7 +36,7 @@ from kubernetes_asyncio import client
 
 from deviceshare.api import envnames, names
 from deviceshare.kube import connecting
-from deviceshare.webhooks import admission, budgets, groups, limits, metrics, tls
+from deviceshare.webhooks import admission, budgets, groups, limits, metrics, mpsclients, tls
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +63,7 @@ class Settings:
     scheduler_name: str = names.DEFAULT_SCHEDULER_NAME
     warmup_timeout_s: float = DEFAULT_WARMUP_TIMEOUT_S
     limits: limits.Limits = field(default_factory=limits.Limits)
+    mps: mpsclients.MpsMount | None = None  # --mps-root: shares are enforced by the nodes' MPS daemons
 
 
 class Webhook:
@@ -123,7 +124,9 @@ class Webhook:
                 await self.lookup.wait_synced(self.settings.warmup_timeout_s)
             await self._refresh_on_miss(body)
         try:
-            return admission.decide(body, self.lookup, self.settings.env_names, self.settings.scheduler_name)
+            return admission.decide(
+                body, self.lookup, self.settings.env_names, self.settings.scheduler_name, self.settings.mps
+            )
         except admission.MalformedReview:
             raise
         except Exception as e:
@@ -254,6 +257,7 @@ async def start_webhook(
     reload_interval_s: float = 5.0,
     watch_timeout_s: int = 300,
     bounds: limits.Limits | None = None,
+    mps: mpsclients.MpsMount | None = None,
 ) -> RunningWebhook:
     """Serve the webhook over TLS on ``host:port`` (0 picks a free port) until ``stop()``.
 
@@ -275,6 +279,7 @@ async def start_webhook(
         scheduler_name=scheduler_name,
         warmup_timeout_s=warmup_timeout_s,
         limits=bounds or limits.Limits(),
+        mps=mps,
     )
     budget_view = index if index is not None else (lookup if isinstance(lookup, budgets.BudgetView) else None)
     webhook = Webhook(lookup, settings, webhook_metrics, budget_view)
