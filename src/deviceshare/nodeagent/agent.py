@@ -63,6 +63,7 @@ class NodeAgent:
         self._carried: readings.Annotations | None = None  # what the Node carries, as last known
         self._read_at = 0.0
         self._sick: dict[str, str] = {}  # device ID -> why, from the XID watch (sticky)
+        self._last: tuple[readings.NodeReading, readings.Annotations] | None = None  # reading -> its values
         self.wake = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -106,7 +107,11 @@ class NodeAgent:
         if self._carried is None or self.clock() - self._read_at >= self.config.resync:
             self._carried = await self.api.read()
             self._read_at = self.clock()
-        desired = readings.to_annotations(reading)
+        if self._last is not None and self._last[0] == reading:
+            desired = self._last[1]  # the same facts as last time: the same values (JSON built once)
+        else:
+            desired = readings.to_annotations(reading)
+            self._last = (reading, desired)
         if readings.changes(self._carried, desired) == {}:
             return False
         try:
