@@ -17,7 +17,7 @@ from deviceshare.sandbox.cluster import load_manifests
 from tests.nodeagent.conftest import MakeAgent
 
 ROOT = Path(__file__).resolve().parents[2]
-AGENT = identity.service_account(names.DEFAULT_NAMESPACE, "deviceshare-node-agent")
+AGENT = identity.service_account("deviceshare-node", "deviceshare-node-agent")
 ON_NODE_0 = "agent-on-gpu-node-0"
 UNBOUND = "agent-token-bound-to-no-node"
 
