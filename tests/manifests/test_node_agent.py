@@ -84,7 +84,8 @@ def test_the_policy_names_the_account_the_agent_runs_as(with_agent: list[kube_ob
     policy = kube_objects.one(with_agent, "ValidatingAdmissionPolicy", "deviceshare-node-agent")
     assert f"'{account}'" in policy["spec"]["matchConditions"][0]["expression"]
     binding = kube_objects.one(with_agent, "ValidatingAdmissionPolicyBinding", "deviceshare-node-agent")
-    assert binding["spec"]["policyName"] == "deviceshare-node-agent" and binding["spec"]["validationActions"] == ["Deny"]
+    assert binding["spec"]["policyName"] == "deviceshare-node-agent"
+    assert binding["spec"]["validationActions"] == ["Deny"]
     env = {e["name"]: e for e in pod["containers"][0]["env"]}
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
 

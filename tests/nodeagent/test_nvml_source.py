@@ -107,3 +107,13 @@ def test_the_real_binding_without_a_driver_says_what_is_missing() -> None:
     source = nvmlsource.NvmlSource(nvmlsource.load())
     with pytest.raises(nvmlsource.NvmlUnavailable, match="NVIDIA driver installed on this node"):
         source.start()
+
+
+def test_the_example_device_file_is_one_the_agent_publishes() -> None:
+    from pathlib import Path
+
+    from deviceshare.nodeagent import filesource
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "node-devices.json"
+    reading = filesource.FileSource(example).read()
+    assert reading.resources["gpu.intel.com/i915"].devices == ("card0", "card1")
