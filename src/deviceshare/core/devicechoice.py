@@ -66,35 +66,92 @@ def best_linked(topology: topologies.Topology, free: tuple[str, ...], count: int
     if count >= n:
         return free
     pos = [topology.position.get(d, -1) for d in free]
+    if len(topology.devices) <= EXHAUSTIVE and min(pos) >= 0:
+        return _from_ranked(topology, free, pos, count)
     unknown = topologies.UNKNOWN
     cls = [[0 if x == y else (unknown if pos[x] < 0 or pos[y] < 0 else topology.classes[pos[x]][pos[y]])
             for y in range(n)] for x in range(n)]
     nv = [[0 if pos[x] < 0 or pos[y] < 0 else topology.links_nv[pos[x]][pos[y]] for y in range(n)]
           for x in range(n)]
-    # How close each free device is to the others: a set that takes devices close to many devices it
-    # leaves free breaks an island; one whose neighbours are already taken does not.
-    close = unknown + 1
-    row = [sum(close - cls[x][y] for y in range(n) if y != x) for x in range(n)]
+    row = _closeness(cls)
 
     def key(combo: Sequence[int]) -> tuple[int, int, int, int, tuple[int, ...]]:
-        worst = total = links = 0
-        for i, x in enumerate(combo):
-            cx, nx = cls[x], nv[x]
-            for y in combo[i + 1:]:
-                c = cx[y]
-                total += c
-                links += nx[y]
-                if c > worst:
-                    worst = c
-        pairs = len(combo) * (len(combo) - 1) // 2
-        broken = sum(row[x] for x in combo) - 2 * (pairs * close - total)
-        return worst, total, -links, broken, tuple(sorted(combo))
+        worst, total, links = _links(combo, cls, nv)
+        return worst, total, -links, _broken(combo, cls, row, total), tuple(sorted(combo))
 
     if n <= EXHAUSTIVE:
         best = min(itertools.combinations(range(n), count), key=key)
     else:
         best = min((_grown(seed, count, cls, nv, row) for seed in range(n)), key=key)
     return tuple(free[x] for x in sorted(best))
+
+
+def _links(combo: Sequence[int], cls: Sequence[Sequence[int]], nv: Sequence[Sequence[int]]) -> tuple[int, int, int]:
+    """(worst link class, sum of classes, NVLinks) over the pairs of ``combo``."""
+    worst = total = links = 0
+    for i, x in enumerate(combo):
+        cx, nx = cls[x], nv[x]
+        for y in combo[i + 1:]:
+            c = cx[y]
+            total += c
+            links += nx[y]
+            if c > worst:
+                worst = c
+    return worst, total, links
+
+
+# How close each free device is to the others: a set that takes devices close to many devices it leaves
+# free breaks an island; one whose neighbours are already taken does not.
+_CLOSE = topologies.UNKNOWN + 1
+
+
+def _closeness(cls: Sequence[Sequence[int]]) -> list[int]:
+    return [sum(_CLOSE - cls[x][y] for y in range(len(cls)) if y != x) for x in range(len(cls))]
+
+
+def _broken(combo: Sequence[int], cls: Sequence[Sequence[int]], row: Sequence[int], total: int) -> int:
+    pairs = len(combo) * (len(combo) - 1) // 2
+    return sum(row[x] for x in combo) - 2 * (pairs * _CLOSE - total)
+
+
+@functools.lru_cache(maxsize=1024)
+def _ranked(topology: topologies.Topology, count: int) -> tuple[tuple[tuple[int, int, int], int, tuple[int, ...]], ...]:
+    """Every ``count``-set of the topology's devices, best linked first: (key, bit mask, positions).
+
+    Weighed once per server model and size; a decision then takes the first sets that are all free.
+    """
+    cls, nv = topology.classes, topology.links_nv
+    ranked = []
+    for combo in itertools.combinations(range(len(topology.devices)), count):
+        worst, total, links = _links(combo, cls, nv)
+        ranked.append(((worst, total, -links), sum(1 << x for x in combo), combo))
+    ranked.sort()
+    return tuple(ranked)
+
+
+def _from_ranked(topology: topologies.Topology, free: tuple[str, ...], pos: list[int], count: int) -> tuple[str, ...]:
+    """:func:`best_linked` for a node whose every free device the topology describes (the usual case)."""
+    mask = sum(1 << p for p in pos)
+    best: tuple[int, int, int] | None = None
+    tied: list[tuple[int, ...]] = []
+    for key, bits, combo in _ranked(topology, count):
+        if bits & mask != bits:
+            continue
+        if best is None:
+            best = key
+        elif key != best:
+            break
+        tied.append(combo)
+    at = {p: i for i, p in enumerate(pos)}  # topology position -> index in ``free``
+    if len(tied) == 1:
+        chosen = [at[p] for p in tied[0]]
+    else:  # equal links: what the set leaves behind, then the inventory order
+        cls = [[topology.classes[a][b] for b in pos] for a in pos]
+        row = _closeness(cls)
+        assert best is not None
+        chosen = min((sorted(at[p] for p in combo) for combo in tied),
+                     key=lambda c: (_broken(c, cls, row, best[1]), c))
+    return tuple(free[i] for i in sorted(chosen))
 
 
 def _grown(
@@ -109,6 +166,13 @@ def _grown(
         taken.append(pick)
         rest.remove(pick)
     return tuple(taken)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def linked_quality(topology: topologies.Topology, free: tuple[str, ...], count: int) -> topologies.Quality:
+    """How well the set :func:`choose_devices` picks from ``free`` is linked (scoring asks this per node)."""
+    ids = free if count >= len(free) else best_linked(topology, free, count)
+    return topology.quality(ids[:count])
 
 
 def quality(topology: topologies.Topology | None, ids: Sequence[str]) -> topologies.Quality:

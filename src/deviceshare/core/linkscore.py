@@ -38,8 +38,11 @@ def quality(state: snapshots.NodeState, resources: Mapping[str, int]) -> LinkQua
         if need < 2:
             continue
         topo = info.topology.get(resource)
-        ids = devicechoice.choose_devices(info.devices.get(resource, ()), state.free.get(resource, ()), need, topo)
-        out.append(devicechoice.quality(topo, ids))
+        free = state.free.get(resource, ())
+        if topo is None:
+            out.append(devicechoice.quality(None, free[:need]))
+        else:
+            out.append(devicechoice.linked_quality(topo, free, need))
     return tuple(out)
 
 
