@@ -14,7 +14,7 @@ import pytest
 from deviceshare.api import names
 from deviceshare.core import inventory
 from deviceshare.nodeagent import filesource, publishing, xids
-from deviceshare.sandbox import Sandbox, errors
+from deviceshare.sandbox import Sandbox
 from tests.nodeagent import servers
 from tests.nodeagent.conftest import MakeAgent, count_node_writes, until
 
@@ -91,32 +91,15 @@ async def test_a_lost_gpu_is_reported_unhealthy_and_kept_in_the_inventory(
     assert probe.nvml.uuid_at(4) in info.devices[GPU]
 
 
-def _lie_on_node_patches(cluster: Sandbox, status: int, *, land: bool, times: int = 1) -> dict[str, int]:
-    """The next ``times`` PATCHes of a Node are answered ``status``, after being carried out if ``land``."""
-    fired = {"count": 0}
-    serve = cluster.api._serve
-
-    async def lying(request: Any) -> Any:
-        is_patch = str(request.method.value).upper() == "PATCH" and request.url.path.startswith("/api/v1/nodes/")
-        if is_patch and fired["count"] < times:
-            fired["count"] += 1
-            if land:
-                await serve(request)
-            raise errors.ApiError(status, "Timeout", "the server was unable to return a response in time")
-        return await serve(request)
-
-    cluster.api._serve = lying  # type: ignore[method-assign]
-    return fired
-
-
-async def test_a_write_that_landed_but_answered_504_is_resolved_by_reading_the_node_back(
-    cluster: Sandbox, make_agent: MakeAgent
+@pytest.mark.parametrize("lie", [{"status": 504}, {"drop": True}], ids=["504", "dropped"])
+async def test_a_write_that_landed_but_whose_answer_was_lost_is_resolved_by_reading_the_node_back(
+    cluster: Sandbox, make_agent: MakeAgent, lie: dict[str, Any]
 ) -> None:
     probe = make_agent()
-    fired = _lie_on_node_patches(cluster, 504, land=True)
+    fault = cluster.inject_fault("PATCH", r"^/api/v1/nodes/gpu-node-0$", applied=True, **lie)
     writes = count_node_writes(cluster)
     assert await probe.agent.sync() is True
-    assert fired["count"] == 1 and writes.total == 1  # one write, not a second "to be sure"
+    assert fault.fired == 1 and writes.total == 1  # one write, not a second "to be sure"
     assert probe.writes("uncertain_resolved") == 1 and probe.writes("failed") == 0
     assert names.NODE_DEVICES_ANNOTATION in annotations(cluster)
     assert await probe.agent.sync() is False
@@ -126,10 +109,10 @@ async def test_a_write_lost_before_it_landed_fails_and_the_next_sync_writes_it(
     cluster: Sandbox, make_agent: MakeAgent
 ) -> None:
     probe = make_agent()
-    fired = _lie_on_node_patches(cluster, 504, land=False)
+    fault = cluster.inject_fault("PATCH", r"^/api/v1/nodes/gpu-node-0$", status=504)
     with pytest.raises(publishing.WriteFailed, match="did not land"):
         await probe.agent.sync()
-    assert fired["count"] == 1 and probe.writes("failed") == 1
+    assert fault.fired == 1 and probe.writes("failed") == 1
     assert names.NODE_DEVICES_ANNOTATION not in annotations(cluster)
     assert await probe.agent.sync() is True
     assert probe.writes("ok") == 1 and names.NODE_DEVICES_ANNOTATION in annotations(cluster)
