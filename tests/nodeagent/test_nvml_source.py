@@ -117,3 +117,16 @@ def test_the_example_device_file_is_one_the_agent_publishes() -> None:
     example = Path(__file__).resolve().parents[2] / "examples" / "node-devices.json"
     reading = filesource.FileSource(example).read()
     assert reading.resources["gpu.intel.com/i915"].devices == ("card0", "card1")
+
+
+def test_the_topology_annotation_is_the_one_the_core_writes_and_reads() -> None:
+    from deviceshare.core import topology
+    from deviceshare.nodeagent import readings
+
+    fake, source = _read(servers.DGX1_V100)
+    gpus = source.read().resources[names.NVIDIA_GPU_RESOURCE]
+    text = readings.to_annotations(source.read())[names.NODE_TOPOLOGY_ANNOTATION]
+    assert text == topology.annotation({names.NVIDIA_GPU_RESOURCE: topology.from_links(
+        gpus.devices, gpus.links, gpus.numa)})
+    parsed, error = topology.parse(text or "")
+    assert error == "" and parsed[names.NVIDIA_GPU_RESOURCE].link(fake.uuid_at(0), fake.uuid_at(3)) == "NV2"

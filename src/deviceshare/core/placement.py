@@ -30,6 +30,7 @@ from deviceshare.core import ledger as ledgers  # the parameter `ledger` is the 
 
 BINPACK = "binpack"
 SPREAD = "spread"
+NVIDIA_PREFIX = "nvidia.com/"  # MPS enforces shares of these devices (needs_mps)
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,8 +63,6 @@ def needs_mps(share: Mapping[str, capacity.Share]) -> bool:
         (s.compute_milli or s.memory_bytes) and r.startswith(NVIDIA_PREFIX) for r, s in share.items()
     )
 
-
-NVIDIA_PREFIX = "nvidia.com/"
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 
 from deviceshare.api import names, quantities
 from deviceshare.core import nodefacts
-from deviceshare.core import topology as topologies
 
 # The annotations the agent owns; it writes these and no other part of the Node.
 OWNED = (
@@ -49,14 +48,12 @@ def to_annotations(reading: NodeReading) -> Annotations:
     res = dict(sorted(reading.resources.items()))
     devices = {r: list(x.devices) for r, x in res.items()}
     memory = {r: f"{x.memory_bytes // quantities.MIB}Mi" for r, x in res.items() if x.memory_bytes}
-    topologies_ = {
-        r: topologies.from_links(x.devices, x.links, x.numa) for r, x in res.items() if x.links or x.numa
-    }
+    linked = {r: _topology(x) for r, x in res.items() if x.links or x.numa}
     unhealthy = {r: x.unhealthy & set(x.devices) for r, x in res.items()}
     return {
         names.NODE_DEVICES_ANNOTATION: _json(devices) if devices else None,
         names.NODE_DEVICE_MEMORY_ANNOTATION: _json(memory) if memory else None,
-        names.NODE_TOPOLOGY_ANNOTATION: topologies.annotation(topologies_) if topologies_ else None,
+        names.NODE_TOPOLOGY_ANNOTATION: _json(linked) if linked else None,
         names.NODE_HEALTH_ANNOTATION: nodefacts.health_annotation(unhealthy) if any(unhealthy.values()) else None,
         names.NODE_MPS_ANNOTATION: names.NODE_MPS_READY if reading.mps_ready else None,
     }
@@ -71,6 +68,16 @@ def published(node_annotations: Mapping[str, str] | None) -> Annotations:
 def changes(current: Annotations, desired: Annotations) -> Annotations:
     """The merge-patch body's annotations: only those that differ (None removes one)."""
     return {k: v for k, v in desired.items() if current.get(k) != v}
+
+
+def _topology(read: ResourceReading) -> dict[str, dict[str, object]]:
+    """One resource's part of ``deviceshare.io/device-topology``: each device's NUMA node and its links,
+    both ways (the form :func:`deviceshare.core.topology.annotation` writes)."""
+    rows: dict[str, dict[str, str]] = {d: {} for d in read.devices}
+    for (a, b), link in read.links.items():
+        if a in rows and b in rows and a != b:
+            rows[a][b] = rows[b][a] = link
+    return {d: {"links": rows[d], "numa": read.numa.get(d, -1)} for d in read.devices}
 
 
 def _json(value: object) -> str:
