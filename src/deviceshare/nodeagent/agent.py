@@ -85,13 +85,14 @@ class NodeAgent:
         """All sources together (blocking): the first source to name a resource wins, the others are told off."""
         resources: dict[str, readings.ResourceReading] = {}
         mps = False
+        ill = frozenset(self._sick)  # one copy (atomic under the GIL): the loop may add to it meanwhile
         for source in self.sources:
             got = source.read()
             for resource, read in got.resources.items():
                 if resource in resources:
                     logger.error("two sources describe %s; keeping the first", resource)
                     continue
-                sick = frozenset(d for d in self._sick if d in read.devices)
+                sick = ill & set(read.devices)
                 resources[resource] = readings.ResourceReading(
                     read.devices, read.memory_bytes, read.links, read.numa, read.unhealthy | sick
                 )
