@@ -94,6 +94,7 @@ class GroupReconciler:
             # Gone from the API (its finalizer removed by someone else): still never free devices under a pod.
             if allocation is not None and not on_devices:
                 ctx.ledger.release(gkey)
+                ctx.metrics.group_on_unhealthy(gkey, False)
                 self._forget_conflicts(gkey)
                 return True
             if allocation is not None:
@@ -111,6 +112,7 @@ class GroupReconciler:
             if names.GROUP_FINALIZER in group.finalizers:
                 await self._set_finalizers(group, [f for f in group.finalizers if f != names.GROUP_FINALIZER])
             released = ctx.ledger.release(gkey) is not None
+            ctx.metrics.group_on_unhealthy(gkey, False)
             self._forget_conflicts(gkey)
             if released:
                 ctx.event(group, "Released", "devices returned; no member pod runs on them any more")
@@ -172,6 +174,7 @@ class GroupReconciler:
             group.key, statuses.node_lost(group, why), uid=group.uid, resource_version=group.resource_version
         ))
         self.ctx.ledger.release(group.key)
+        self.ctx.metrics.group_on_unhealthy(group.key, False)
         self.ctx.event(group, "NodeLost", f"{why}; devices released, the group will be placed again", warning=True)
         return True
 
@@ -248,6 +251,7 @@ class GroupReconciler:
         self._new_groups.pop(gkey, None)
         skipped_why = skipped_message(skipped, ctx.config.scheduler_name) if skipped else None
         unhealthy = statuses.unhealthy_held(allocation, ctx.ledger.node(allocation.node) if allocation else None)
+        ctx.metrics.group_on_unhealthy(gkey, unhealthy is not None)
         desired = statuses.reconciled(
             group, allocation, phase=phase,
             scheduled=statuses.scheduled(allocation, unschedulable=ctx.unschedulable.get(gkey), skipped=skipped_why),
