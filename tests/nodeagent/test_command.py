@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
+from pathlib import Path
 
 import pytest
 
 from deviceshare import cli
+from deviceshare.api import names
+from deviceshare.nodeagent import command
+from deviceshare.sandbox import Sandbox
+from tests.nodeagent import fakenvml, servers
+from tests.nodeagent.conftest import until
 
 
 @pytest.mark.parametrize(("argv", "env", "words"), [
@@ -26,3 +33,27 @@ def test_a_missing_piece_is_one_line_and_exit_code_2(
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("deviceshare node-agent: ")
     assert re.search(words, err), err
+
+
+async def test_the_command_wires_nvml_the_xid_watch_and_the_loop_to_the_api(tmp_path: Path) -> None:
+    """`serve` as the DaemonSet runs it, on the sandbox, with the fake NVML in place of the driver's."""
+    async with Sandbox(nodes=1, gpus=8, kubelet_delay=None, kubeconfig_path=tmp_path / "kubeconfig") as cluster:
+        nvml = fakenvml.FakeNvml(servers.TWO_ISLANDS_8)
+        settings = command.AgentSettings(node_name="gpu-node-0", interval=3600.0, metrics_port=None,
+                                         kubeconfig=str(cluster.kubeconfig))
+        stop = asyncio.Event()
+        running = asyncio.create_task(command.serve(settings, stop, nvml=nvml))
+        try:
+            await until(lambda: _annotation(cluster, names.NODE_TOPOLOGY_ANNOTATION), "the first publication")
+            nvml.xid(3, 94)  # contained ECC error
+            health = await until(lambda: _annotation(cluster, names.NODE_HEALTH_ANNOTATION), "the XID published")
+            assert nvml.uuid_at(3) in health
+        finally:
+            stop.set()
+            await running
+        assert not nvml.initialized  # nvmlShutdown on the way out
+
+
+def _annotation(cluster: Sandbox, key: str) -> str | None:
+    body = cluster.get("nodes", "gpu-node-0") or {}
+    return (body["metadata"].get("annotations") or {}).get(key)

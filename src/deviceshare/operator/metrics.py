@@ -88,24 +88,16 @@ class Metrics:
         )
         self.fleet = fleetmetrics.FleetCollector()
         r.register(self.fleet)
-        # Groups whose node reports one of their devices unhealthy (the reconciler's DeviceUnhealthy, CONTRACT §9).
-        self.on_unhealthy: set[tuple[str, str]] = set()
-        self.groups_on_unhealthy = Gauge(
-            "deviceshare_groups_on_unhealthy_devices", "Groups holding a device their node reports unhealthy",
-            registry=r,
-        )
-        self.groups_on_unhealthy.set_function(
-            lambda: len(self.on_unhealthy) if self.fleet.leading is None or self.fleet.leading() else 0
-        )
+
         # Per node and resource: rendered as text per changed node, outside the registry (see nodemetrics).
         self.nodes = nodemetrics.NodeGauges(active=lambda: self.fleet.leading is None or self.fleet.leading())
 
     def group_on_unhealthy(self, group: tuple[str, str], holds: bool) -> None:
         """Whether ``group`` holds a device its node reports unhealthy (the reconciler says, group by group)."""
         if holds:
-            self.on_unhealthy.add(group)
+            self.fleet.on_unhealthy.add(group)
         else:
-            self.on_unhealthy.discard(group)
+            self.fleet.on_unhealthy.discard(group)
 
     def api_write(self, verb: str, resource: str, result: str) -> None:
         self.api_writes.labels(verb, resource, result).inc()
