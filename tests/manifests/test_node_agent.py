@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 
+from tests.charts import rendering
+from tests.charts.test_chart import _assert_same_install
 from tests.manifests import code_access, kube_objects, rbac_rules
 from tests.manifests.test_schemas import _validate_all
 
@@ -124,3 +126,20 @@ def test_the_mps_overlay_switches_every_piece_on_with_one_root(with_mps: list[ku
     namespace = kube_objects.one(with_mps, "Namespace", NS)
     assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
     assert kube_objects.one(with_mps, "DaemonSet", "deviceshare-mps-control-daemon")["metadata"]["namespace"] == NS
+
+
+@pytest.mark.parametrize("mps", [False, True])
+def test_the_chart_installs_what_the_components_install(
+    with_agent: list[kube_objects.KubeObject], with_mps: list[kube_objects.KubeObject], mps: bool
+) -> None:
+    """One source: nodeAgent.enabled (and mps.enabled) in the chart, the kustomize components beside an overlay."""
+    values = {"webhook.certificates": "cert-manager", "nodeAgent.enabled": "true", "mps.enabled": str(mps).lower()}
+    chart = rendering.objects(rendering.template_text(values))
+    _validate_all(chart)
+    _assert_same_install(chart, with_mps if mps else with_agent)
+
+
+def test_helm_lint_passes_with_the_node_agent_and_mps() -> None:
+    proc = rendering.helm("lint", "--strict", str(rendering.CHART), "--set=nodeAgent.enabled=true",
+                          "--set=mps.enabled=true", check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -27,8 +27,9 @@ async def cluster(tmp_path: Path) -> AsyncIterator[Sandbox]:
     users = {ON_NODE_0: identity.bound_to_node(AGENT, "gpu-node-0"), UNBOUND: AGENT}
     async with Sandbox(nodes=2, gpus=4, kubelet_delay=None, kubeconfig_path=tmp_path / "kubeconfig",
                        users=users) as sandbox:
-        for doc in load_manifests(ROOT / "manifests" / "node-agent" / "admission-policy.yaml"):
-            sandbox.create(doc)
+        for doc in load_manifests(ROOT / "manifests" / "node-agent" / "node-agent.yaml"):
+            if doc["kind"].startswith("ValidatingAdmissionPolicy"):
+                sandbox.create(doc)
         yield sandbox
 
 
