@@ -130,3 +130,23 @@ def test_the_topology_annotation_is_the_one_the_core_writes_and_reads() -> None:
         gpus.devices, gpus.links, gpus.numa)})
     parsed, error = topology.parse(text or "")
     assert error == "" and parsed[names.NVIDIA_GPU_RESOURCE].link(fake.uuid_at(0), fake.uuid_at(3)) == "NV2"
+
+
+def test_the_xid_watch_starts_with_a_gpu_already_lost_and_reports_the_others() -> None:
+    import threading
+
+    from deviceshare.nodeagent import xids
+
+    fake = fakenvml.FakeNvml(servers.DGX_A100)
+    fake.nvmlInit()
+    fake.lose(2)
+    reported: list[tuple[str, str]] = []
+    seen = threading.Event()
+    watch = xids.XidWatch(fake, lambda uuid, why: (reported.append((uuid, why)), seen.set()))
+    watch.start()
+    try:
+        fake.xid(5, 79)
+        assert seen.wait(10), "the XID was not reported"
+    finally:
+        watch.stop()
+    assert reported == [(fake.uuid_at(5), "XID 79")]

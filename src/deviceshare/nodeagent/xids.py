@@ -41,8 +41,12 @@ class XidWatch:
         nvml = self.nvml
         self._events = nvml.nvmlEventSetCreate()
         for index in range(nvml.nvmlDeviceGetCount()):
-            handle = nvml.nvmlDeviceGetHandleByIndex(index)
-            uuid = nvml.nvmlDeviceGetUUID(handle)
+            try:
+                handle = nvml.nvmlDeviceGetHandleByIndex(index)
+                uuid = nvml.nvmlDeviceGetUUID(handle)
+            except nvml.NVMLError as e:  # lost already: the device reading reports what it can of it
+                logger.warning("GPU %d does not answer NVML (%s): its XID events are not watched", index, e)
+                continue
             uuid = uuid.decode() if isinstance(uuid, bytes) else str(uuid)
             self._uuids.append(uuid)
             try:
