@@ -42,7 +42,8 @@ class Cluster:
         self, request: placement.GroupRequest, priority: int,
         pending: Sequence[inventory.PodDemand] = (POD,), **kw: object,
     ) -> preemption.Preemption | preemption.NoPreemption:
-        return preemption.decide(self.book.snapshot(), request, pending, priority, self.bound, **kw)  # type: ignore[arg-type]
+        by_node = victims.by_node(g for gs in self.bound.values() for g in gs)
+        return preemption.decide(self.book.snapshot(), request, pending, priority, by_node, **kw)  # type: ignore[arg-type]
 
 
 def whole(gpus: int = 1) -> placement.GroupRequest:
@@ -136,7 +137,10 @@ def test_what_no_eviction_can_change_is_not_helpful() -> None:
     c.bind("v", "a", ["0"], 0)
     decision = c.decide(whole(2), 100)
     assert isinstance(decision, preemption.NoPreemption)
-    assert decision.reasons == {preemption.NOT_HELPFUL: 2}
+    assert decision.message() == (
+        "preemption: 0/2 nodes are available: 1 Preemption is not helpful for scheduling, "
+        "1 insufficient nvidia.com/gpu."
+    )
 
 
 def test_a_group_the_caller_did_not_list_keeps_the_node_out_of_the_search() -> None:

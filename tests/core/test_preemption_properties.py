@@ -4,7 +4,7 @@ Each seed builds a small cluster through the real ledger: whole-device and shari
 priorities with pods of random CPU, pods outside any group, sometimes a protected group (a PDB refused)
 and a nomination of another preemptor. The brute force ranks every (node, subset of the strictly
 lower-priority, unprotected groups) whose removal lets the preemptor fit — as CONTRACT §8 ranks them:
-lowest highest-victim priority, fewest groups, fewest pods, then node and group names — and
+lowest highest-victim priority, fewest groups, fewest pods, then the node's name and the groups' — and
 :func:`preemption.decide` must name the same node and the same victims. Then the decision is carried
 out on the ledger itself: the victims released, the preemptor's devices reserved without a conflict.
 """
@@ -37,13 +37,14 @@ def _request(rng: random.Random, key: inventory.GroupKey) -> placement.GroupRequ
 def cluster(seed: int) -> tuple[ledger.DeviceLedger, dict[str, list[victims.BoundGroup]], random.Random]:
     rng = random.Random(seed)
     book = ledger.DeviceLedger()
-    for n in range(rng.choice((1, 2, 3))):
+    nodes = rng.choice((1, 2, 3, 6))
+    for n in range(nodes):
         book.upsert_node(builders.node(
             f"n{n}", gpus=rng.choice((2, 3, 4)), cpu_milli=rng.choice((4000, 8000)),
             device_memory={GPU: 80 * GI} if rng.random() < 0.8 else None,
         ))
     bound: dict[str, list[victims.BoundGroup]] = {}
-    for i in range(rng.randint(3, 14)):  # mostly a full cluster
+    for i in range(rng.randint(3, 5 * nodes)):  # mostly a full cluster
         key = ("ns", f"g{i}")
         pods = rng.choice((1, 1, 2))
         cpu = rng.choice((0, 500, 1000, 2000))
@@ -85,12 +86,12 @@ def brute_force(
                     continue
                 highest = max((g.priority for g in subset), default=None)
                 rank = (0 if highest is None else 1, highest or 0, size, sum(g.pods for g in subset),
-                        tuple(sorted(removed)), name)
+                        name, tuple(sorted(removed)))
                 if best is None or rank < best:
                     best = rank
     if best is None:
         return None
-    return str(best[-1]), tuple(best[-2])  # type: ignore[arg-type]
+    return str(best[-2]), tuple(best[-1])  # type: ignore[arg-type]
 
 
 def _pending(rng: random.Random) -> Sequence[inventory.PodDemand]:
@@ -119,7 +120,7 @@ def test_the_choice_is_the_brute_force_optimum(seed: int) -> None:
     expected = brute_force(snapshot, request, demand, priority, bound, protected, nominated)
 
     decision = preemption.decide(
-        snapshot, request, pending, priority, bound, protected=protected, nominated=nominated
+        snapshot, request, pending, priority, victims.by_node(groups), protected=protected, nominated=nominated
     )
 
     if expected is None:

@@ -7,18 +7,21 @@ preemptor needs its devices or shares and the CPU/memory of its pending members 
 beside what nominations of equal or higher priority keep on the node (:mod:`nominations`). The node is
 chosen as CONTRACT §8 says, after kube-scheduler's ``pickOneNodeForPreemption``: the lowest
 highest-victim priority, then the fewest victim groups, then the fewest victim pods, then the node
-name; on each node the cheapest sufficient set (:mod:`victims`).
+name, then the victims' names; on each node the cheapest sufficient set (:mod:`victims`).
 
-One full scan of the nodes and their groups per decision, cheap arithmetic only: what each node could
-free at best gives a lower bound of its rank (the priority from which enough *could* be freed, and how
-few groups could free it); then nodes are searched in the order of that bound, and the search stops
-once no remaining node can beat the best found. The answer is the same as trying every subset of
+One scan of the nodes per decision, cheap arithmetic only: what each node could free at best, read by
+binary search from running totals the caller keeps per node (:class:`victims.NodeGroups`), gives a
+lower bound of its rank (the priority from which enough *could* be freed, how few groups could free
+it); then nodes are searched exactly in the order of that bound, and the search stops once no node
+left can beat the best found. The answer is the same as trying every subset of
 victims on every node (tests/core/test_preemption_properties.py checks exactly that).
 """
 
 from __future__ import annotations
 
+import bisect
 import collections
+import heapq
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -67,139 +70,156 @@ class NoPreemption:
         return f"preemption: 0/{self.total_nodes} nodes are available: {counted or reasons.NO_NODES}."
 
 
-@dataclass(frozen=True, slots=True)
-class _Bound:
-    """A node's rank can be no better than this (from what it could free at best)."""
-
-    no_victim: bool
-    priority: int
-    groups: int
-
-    def beyond(self, rank: tuple[int, int, int, int, tuple[GroupKey, ...]]) -> bool:
-        return (0 if self.no_victim else 1, self.priority, self.groups) > rank[:3]
-
-
 def decide(
     snapshot: snapshots.LedgerSnapshot,
     request: placement.GroupRequest,
     pending: Sequence[inventory.PodDemand],
     priority: int,
-    groups_by_node: Mapping[str, Sequence[BoundGroup]],
+    groups_by_node: Mapping[str, victims.NodeGroups],
     *,
     protected: Collection[GroupKey] = frozenset(),
     nominated: nominations.Nominations = nominations.NONE,
 ) -> Preemption | NoPreemption:
     """Where the group ``request`` (of ``priority``, pending members ``pending``) may evict, and whom.
 
-    ``groups_by_node`` lists every group bound on each node (all of them: a node's state without some is
-    rebuilt from the others); ``snapshot`` is the ledger's, without nominations applied. Whether the
-    group may preempt at all (``preemptionPolicy: Never``) is :func:`priority.may_preempt`'s to say.
+    ``groups_by_node`` holds every group bound on each node (:func:`victims.by_node`; all of them: a
+    node's state without some is rebuilt from the others); ``snapshot`` is the ledger's, without
+    nominations applied. Whether the group may preempt at all (``preemptionPolicy: Never``) is
+    :func:`priority.may_preempt`'s to say.
     """
     demand = gang.demand(pending)
     kept_by_node: dict[str, list[nominations.Nomination]] = collections.defaultdict(list)
     for nomination in nominated.by_group.values():
         if nomination.priority >= priority and nomination.group != request.key:
             kept_by_node[nomination.node].append(nomination)
+    needs = [_Need(r, n, request.share.get(r), snapshot) for r, n in sorted(request.resources.items())]
+    constrained = bool(request.node_selector or demand.node_selector or demand.required_terms or demand.tolerations)
     counted: collections.Counter[str] = collections.Counter()
-    bounded: list[tuple[_Bound, str, snapshots.NodeState, Sequence[BoundGroup], list[BoundGroup]]] = []
+    bounded: list[_Candidate] = []
+    empty, get_groups, passes = victims.EMPTY, groups_by_node.get, filters.passes
     for state in snapshot.nodes.values():
         info = state.info
-        if _static_failure(info, request, demand) is not None:
-            counted[NOT_HELPFUL] += 1
+        if constrained or info.taints or info.problems or not (info.shared and info.ready) or info.unschedulable:
+            static_ok = passes(info, info.devices, 0, 0, {}, request.node_selector, demand)
+        else:  # the common node, open and untainted: only its size could rule it out
+            static_ok = demand.cpu_milli <= info.cpu_milli and demand.memory_bytes <= info.memory_bytes
+        if not static_ok:
+            counted[NOT_HELPFUL] += 1  # not even the empty node would do: no eviction can help
             continue
-        groups = groups_by_node.get(info.name, ())
-        kept = kept_by_node.get(info.name, ())
-        candidates = victims.candidates_of(groups, priority, protected)
-        bound_or_reason = _bound(nominations.withhold(state, kept), request, demand, candidates)
-        if isinstance(bound_or_reason, str):
-            counted[bound_or_reason if candidates else NO_VICTIMS] += 1
+        groups = get_groups(info.name, empty)
+        candidates = groups
+        if protected and not groups.keys.isdisjoint(protected):
+            candidates = victims.NodeGroups.of(g for g in groups.groups if g.key not in protected)
+        kept = kept_by_node.get(info.name)
+        seen = nominations.withhold(state, kept) if kept else state
+        found = _bound(seen, not kept, needs, demand, candidates, priority)
+        if found.__class__ is str:
+            counted[found] += 1
             continue
-        bounded.append((bound_or_reason, info.name, state, groups, candidates))
-    bounded.sort(key=lambda item: (not item[0].no_victim, item[0].priority, item[0].groups, item[1]))
-    best: tuple[tuple[int, int, int, int, tuple[GroupKey, ...]], str, victims.Choice] | None = None
-    for bound, name, state, groups, candidates in bounded:
-        if best is not None and bound.beyond(best[0]):
-            break
-        if not victims.consistent(state, groups):
+        bounded.append((found, info.name, state, groups, candidates))  # type: ignore[arg-type]
+    heapq.heapify(bounded)
+    best: tuple[tuple[int, int, int, int], str, tuple[GroupKey, ...], victims.Choice] | None = None
+    while bounded:
+        bound, name, state, groups, candidates = heapq.heappop(bounded)
+        if best is not None and (bound, name) > (best[0], best[1]):
+            break  # in the order of their bounds: no node left can beat the best
+        if not victims.consistent(state, groups.groups):
             counted[UNKNOWN_HOLDERS] += 1
             continue
-        search = victims.NodeSearch(state, groups, candidates, request, demand, kept_by_node.get(name, ()))
+        below = candidates.groups[: bisect.bisect_left(candidates.priorities, priority)]
+        search = victims.NodeSearch(state, groups.groups, below, request, demand, kept_by_node.get(name, ()))
         choice = search.best()
         if choice is None:
             counted[search.failure() or NOT_HELPFUL] += 1
             continue
-        if best is None or (choice.rank, name) < (best[0], best[1]):
-            best = (choice.rank, name, choice)
+        if best is None or (choice.rank, name, choice.keys) < best[:3]:
+            best = (choice.rank, name, choice.keys, choice)
     if best is None:
         return NoPreemption(dict(counted), len(snapshot.nodes))
-    _, name, choice = best
+    _, name, _, choice = best
     return Preemption(name, choice.victims, placement.device_choice(choice.state, request, snapshot.revision))
 
 
-def _static_failure(
-    info: inventory.NodeInfo, request: placement.GroupRequest, demand: inventory.PodDemand
-) -> str | None:
-    """What no eviction can change: the node's mode, readiness, cordon, taints, selectors, inventory, and
-    whether even the empty node has the devices and CPU/memory."""
-    devices_check = (lambda: None) if request.share else None
-    return filters.first_failure(
-        info, info.devices, 0, 0, request.resources, request.node_selector, demand, devices_check
-    )
+class _Need:
+    """One resource of the request, and how many of a node's devices could take it right now.
 
+    For a share, the partly used devices that fit are found once per decision from the snapshot's
+    index of partly used devices (open nodes only), not device by device on every node."""
 
-def _usable_now(state: snapshots.NodeState, resource: str, share: capacity.Share | None) -> int:
-    free = state.free.get(resource, ())
-    if share is None:
-        return len(free)
-    info = state.info
-    fresh = capacity.fresh("", info.device_memory.get(resource), info.device_tiles.get(resource, 0), share.kind)
-    fitting = len(free) if capacity.fits(fresh, share) else 0
-    return fitting + sum(1 for left in state.partial.get(resource, ()) if capacity.fits(left, share))
+    def __init__(self, resource: str, count: int, share: capacity.Share | None, snapshot: snapshots.LedgerSnapshot):
+        self.resource, self.count, self.share = resource, count, share
+        self.reason = reasons.insufficient(resource)
+        self._fresh: dict[tuple[int | None, int], bool] = {}
+        self._partial: collections.Counter[str] = collections.Counter()
+        if share is None:
+            return
+        nodes = snapshot.nodes
+        for _, (name, device) in snapshot.part_candidates(resource, snapshots.dimension(share), snapshots.need(share)):
+            state = nodes.get(name)
+            left = next((x for x in state.partial.get(resource, ()) if x.device == device), None) if state else None
+            if left is not None and capacity.fits(left, share):
+                self._partial[name] += 1
 
-
-def _fewest_to_cover(short: int, amounts: Sequence[int]) -> int:
-    """How few of ``amounts`` (largest first) can add up to ``short``."""
-    if short <= 0:
-        return 0
-    total = 0
-    for n, amount in enumerate(sorted(amounts, reverse=True), start=1):
-        total += amount
-        if total >= short:
-            return n
-    return len(amounts) + 1
+    def usable(self, state: snapshots.NodeState, indexed: bool) -> int:
+        """Devices of the node that could take the resource now (``indexed``: the node's state is the
+        snapshot's own, so the index of partly used devices speaks for it)."""
+        free = state.free.get(self.resource, ())
+        share = self.share
+        if share is None:
+            return len(free)
+        info = state.info
+        caps = (info.device_memory.get(self.resource), info.device_tiles.get(self.resource, 0))
+        fresh = self._fresh.get(caps)
+        if fresh is None:
+            fresh = self._fresh[caps] = capacity.fits(capacity.fresh("", caps[0], caps[1], share.kind), share)
+        fitting = len(free) if fresh else 0
+        if indexed:
+            return fitting + self._partial.get(info.name, 0)
+        return fitting + sum(1 for left in state.partial.get(self.resource, ()) if capacity.fits(left, share))
 
 
 def _bound(
     state: snapshots.NodeState,
-    request: placement.GroupRequest,
+    indexed: bool,
+    needs: Sequence[_Need],
     demand: inventory.PodDemand,
-    candidates: Sequence[BoundGroup],
-) -> _Bound | str:
-    """The best rank the node could reach, counting every device a candidate touches as freed for the
-    preemptor (a device becomes usable only when one of its holders leaves), or why it cannot fit."""
+    groups: victims.NodeGroups,
+    priority: int,
+) -> tuple[int, int, int, int] | str:
+    """The best rank (:attr:`victims.Choice.rank`) the node could reach, counting every device a
+    candidate holds as freed for the preemptor (a device becomes usable only when one of its holders
+    leaves) and the largest candidate for how few could free it; or why it cannot fit at all."""
+    m = bisect.bisect_left(groups.priorities, priority)  # the candidates: strictly lower priority
+    short: list[tuple[int, tuple[int, ...], tuple[int, ...]]] = []
+    for need in needs:
+        lacking = need.count - need.usable(state, indexed)
+        if lacking > 0:
+            sums = groups.touches.get(need.resource)
+            if not m:
+                return NO_VICTIMS
+            if sums is None or sums[m] < lacking:
+                return need.reason
+            short.append((lacking, sums, groups.most_touched[need.resource]))
     info = state.info
-    shorts: list[tuple[str, int, list[int]]] = []
-    for resource, count in sorted(request.resources.items()):
-        touches = [len(g.allocation.devices.get(resource, ())) for g in candidates]
-        usable = _usable_now(state, resource, request.share.get(resource))
-        shorts.append((reasons.insufficient(resource), count - usable, touches))
-    shorts.append((reasons.INSUFFICIENT_CPU, demand.cpu_milli - (info.cpu_milli - state.cpu_used),
-                   [g.cpu_milli for g in candidates]))
-    shorts.append((reasons.INSUFFICIENT_MEMORY, demand.memory_bytes - (info.memory_bytes - state.memory_used),
-                   [g.memory_bytes for g in candidates]))
-    for reason, short, amounts in shorts:
-        if short > sum(amounts):
-            return reason
-    if all(short <= 0 for _, short, _ in shorts):
-        return _Bound(True, 0, 0)
-    order = sorted(range(len(candidates)), key=lambda i: candidates[i].priority)
-    freed = [0] * len(shorts)
-    lowest = candidates[order[-1]].priority if order else 0
-    for i in order:  # the lowest priority from which enough could be freed
-        for j, (_, _, amounts) in enumerate(shorts):
-            freed[j] += amounts[i]
-        if all(freed[j] >= short for j, (_, short, _) in enumerate(shorts)):
-            lowest = candidates[i].priority
-            break
-    fewest = max(_fewest_to_cover(short, amounts) for _, short, amounts in shorts)
-    return _Bound(False, lowest, fewest)
+    for lacking, sums, most, reason in (
+        (demand.cpu_milli - info.cpu_milli + state.cpu_used, groups.cpu, groups.most_cpu, reasons.INSUFFICIENT_CPU),
+        (demand.memory_bytes - info.memory_bytes + state.memory_used, groups.memory, groups.most_memory,
+         reasons.INSUFFICIENT_MEMORY),
+    ):
+        if lacking > 0:
+            if not m:
+                return NO_VICTIMS
+            if sums[m] < lacking:
+                return reason
+            short.append((lacking, sums, most))
+    if not short:
+        return (0, 0, 0, 0)
+    enough = fewest = 0
+    for lacking, sums, most in short:
+        enough = max(enough, bisect.bisect_left(sums, lacking, 0, m + 1))
+        fewest = max(fewest, -(-lacking // most[m]))
+    return (1, groups.priorities[enough - 1], fewest, fewest * groups.fewest_pods[m])
+
+
+# (bound of its rank, node name, state, all its groups, the ones that may be evicted): a heap entry
+_Candidate = tuple[tuple[int, int, int, int], str, snapshots.NodeState, victims.NodeGroups, victims.NodeGroups]

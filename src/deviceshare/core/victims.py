@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from deviceshare.core import capacity, claims, holdings, inventory, nominations, placement, snapshots
@@ -53,6 +53,65 @@ class BoundGroup:
 
 
 @dataclass(frozen=True, slots=True)
+class NodeGroups:
+    """The groups bound on one node, by priority, with running totals: what the preemption scan reads.
+
+    The operator keeps one per node (:func:`by_node`) and replaces it when a group binds there or leaves;
+    the scan then bounds a node from a binary search over these totals instead of walking its groups.
+    ``cpu``/``memory``/``touches`` hold prefix sums (entry ``i``: the first ``i`` groups), ``most_*`` and
+    ``fewest_pods`` prefix maxima and minima.
+    """
+
+    groups: tuple[BoundGroup, ...]  # by (priority, key)
+    priorities: tuple[int, ...]
+    keys: frozenset[GroupKey]
+    cpu: tuple[int, ...]
+    memory: tuple[int, ...]
+    touches: Mapping[str, tuple[int, ...]]  # resource -> prefix sums of the devices each group holds
+    most_cpu: tuple[int, ...]
+    most_memory: tuple[int, ...]
+    most_touched: Mapping[str, tuple[int, ...]]
+    fewest_pods: tuple[int, ...]
+
+    @classmethod
+    def of(cls, groups: Iterable[BoundGroup]) -> NodeGroups:
+        ordered = tuple(sorted(groups, key=lambda g: (g.priority, g.key)))
+        resources = sorted({r for g in ordered for r in g.allocation.devices})
+        touched = {r: [len(g.allocation.devices.get(r, ())) for g in ordered] for r in resources}
+        return cls(
+            ordered,
+            tuple(g.priority for g in ordered),
+            frozenset(g.key for g in ordered),
+            _running(sum, [g.cpu_milli for g in ordered]),
+            _running(sum, [g.memory_bytes for g in ordered]),
+            {r: _running(sum, amounts) for r, amounts in touched.items()},
+            _running(max, [g.cpu_milli for g in ordered]),
+            _running(max, [g.memory_bytes for g in ordered]),
+            {r: _running(max, amounts) for r, amounts in touched.items()},
+            _running(min, [g.pods for g in ordered], start=1 << 30),
+        )
+
+
+def _running(step: Callable[[Iterable[int]], int], values: Sequence[int], start: int = 0) -> tuple[int, ...]:
+    out, acc = [start], start
+    for value in values:
+        acc = step((acc, value))
+        out.append(acc)
+    return tuple(out)
+
+
+EMPTY = NodeGroups.of(())
+
+
+def by_node(groups: Iterable[BoundGroup]) -> dict[str, NodeGroups]:
+    """Bound groups filed by node, as :func:`preemption.decide` reads them."""
+    found: dict[str, list[BoundGroup]] = {}
+    for group in groups:
+        found.setdefault(group.node, []).append(group)
+    return {node: NodeGroups.of(gs) for node, gs in found.items()}
+
+
+@dataclass(frozen=True, slots=True)
 class Choice:
     """The victims on one node (sorted by key) and the node as the preemptor then sees it."""
 
@@ -72,10 +131,11 @@ class Choice:
         return tuple(v.key for v in self.victims)
 
     @property
-    def rank(self) -> tuple[int, int, int, int, tuple[GroupKey, ...]]:
-        """Smaller is better: no victim at all first, then CONTRACT §8's order, then the names."""
+    def rank(self) -> tuple[int, int, int, int]:
+        """Smaller is better: no victim at all first, then CONTRACT §8's order (then the node's name, then
+        the victims' names break ties)."""
         highest = self.highest
-        return (0 if highest is None else 1, highest or 0, len(self.victims), self.pods, self.keys)
+        return (0 if highest is None else 1, highest or 0, len(self.victims), self.pods)
 
 
 def without(
@@ -276,16 +336,3 @@ def _top_ups(
         if found:
             return
 
-
-def candidates_of(
-    groups: Sequence[BoundGroup], priority: int, protected: Collection[GroupKey]
-) -> list[BoundGroup]:
-    """Who may be evicted for a preemptor of ``priority``: strictly lower priority, not protected."""
-    if protected:
-        return [g for g in groups if g.priority < priority and g.key not in protected]
-    return [g for g in groups if g.priority < priority]
-
-
-def touched(groups: Iterable[BoundGroup], resource: str) -> Mapping[GroupKey, int]:
-    """How many devices of ``resource`` each group holds (wholly or a part of)."""
-    return {g.key: len(g.allocation.devices.get(resource, ())) for g in groups}
