@@ -3,8 +3,9 @@
 kubectl sends built-in kinds as ``application/vnd.kubernetes.protobuf`` from its typed clients
 (``kubectl create namespace``, ``create configmap``) and does not fall back to JSON on a 415.
 Decoding every built-in type would need their schemas; metadata-only kinds need only the
-protobuf wire format and the field numbers of ObjectMeta, so those are decoded here. Anything
-else is answered 415 with a hint to use ``kubectl apply -f`` (which sends JSON).
+protobuf wire format and the field numbers of ObjectMeta, so those are decoded here, and a few
+kinds with their own structure in :mod:`protostructs`. Anything else is answered 415 with a hint
+to use ``kubectl apply -f`` (which sends JSON).
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ def _entry(value: bytes) -> tuple[str, bytes]:
     return _text(parts.get(1, b"")), bytes(parts.get(2, b""))
 
 
-def _object_meta(data: bytes) -> dict[str, Any]:
+def object_meta(data: bytes) -> dict[str, Any]:
     meta: dict[str, Any] = {}
     names = {1: "name", 2: "generateName", 3: "namespace"}
     for number, _, value in fields(data):
@@ -79,7 +80,7 @@ def _string_maps(data: bytes, maps: dict[int, tuple[str, bool]]) -> dict[str, An
     obj: dict[str, Any] = {}
     for number, _, value in fields(data):
         if number == 1:
-            obj["metadata"] = _object_meta(value)
+            obj["metadata"] = object_meta(value)
         elif number in maps:
             name, binary = maps[number]
             key, raw = _entry(value)
@@ -103,10 +104,14 @@ def decode(body: bytes) -> dict[str, Any]:
     unknown = {n: v for n, _, v in fields(body[len(MAGIC) :])}
     type_meta = {n: _text(v) for n, _, v in fields(bytes(unknown.get(1, b"")))}
     api_version, kind = type_meta.get(1, ""), type_meta.get(2, "")
+    from deviceshare.sandbox import protostructs  # (it reads fields with this module's helpers)
+
+    structured = protostructs.DECODERS.get(kind)
+    if structured is not None:
+        return {"apiVersion": api_version, "kind": kind, **structured(bytes(unknown.get(2, b"")))}
     if kind not in DECODABLE:
-        raise ValueError(
-            f"the sandbox decodes protobuf only for {', '.join(sorted(DECODABLE))}, not {kind!r}"
-        )
+        known = sorted({*DECODABLE, *protostructs.DECODERS})
+        raise ValueError(f"the sandbox decodes protobuf only for {', '.join(known)}, not {kind!r}")
     obj = _string_maps(bytes(unknown.get(2, b"")), DECODABLE[kind])
     if kind == "Secret":
         for number, wire, value in fields(bytes(unknown.get(2, b""))):
