@@ -18,8 +18,8 @@ from deviceshare.core import ledger as ledgers
 
 from . import events as events_
 from . import metrics as metrics_
+from . import settling, storage
 from . import state as state_
-from . import storage
 from .config import OperatorConfig
 
 logger = logging.getLogger(__name__)
@@ -63,6 +63,8 @@ class Context:
       the scheduler and the reconciler what they decided and wrote.
     - ``unschedulable``: the scheduler sets a group's reason, the scheduler and the reconciler drop it.
     - ``conflicts``: found by the rebuild (:meth:`adopt`); the reconciler drops a group that released.
+    - ``unsettled``: placements whose claim's write ended uncertain (``settling.py``); the scheduler adds, whoever
+      holds the group's lock next settles it; a rebuild starts with none.
     """
 
     def __init__(
@@ -85,6 +87,8 @@ class Context:
         self.unschedulable: Final[dict[state_.GroupKey, str]] = {}
         # Groups whose devices are also claimed by another group (found at rebuild): key -> other holders.
         self.conflicts: Final[dict[state_.GroupKey, set[state_.GroupKey]]] = {}
+        # Placements whose status write's answer was lost: resolved before anything else about the group.
+        self.unsettled: Final = settling.Unsettled()
         self.background: Final[set[asyncio.Task[None]]] = set()
         self._events: collections.deque[tuple[state_.PodRecord | state_.GroupRecord, str, str, bool]] = (
             collections.deque()
@@ -94,6 +98,7 @@ class Context:
         # schedulingStrategy fgd: the policy and its target workload, learned from the groups placed.
         self._fgd = fgdplacement.FGDPlacement()
         self.metrics.bind_ledger(self._ledger)
+        api.on_write = self.metrics.api_write
 
     @property
     def ledger(self) -> ledgers.DeviceLedger:
@@ -121,6 +126,7 @@ class Context:
         self.conflicts.clear()
         self.conflicts.update(conflicts)
         self.unschedulable.clear()
+        self.unsettled.clear()
 
     def event(
         self, obj: state_.PodRecord | state_.GroupRecord, reason: str, message: str, *, warning: bool = False

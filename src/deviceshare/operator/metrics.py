@@ -102,6 +102,12 @@ class Metrics:
         self.api_conflicts = Counter(
             "deviceshare_api_conflicts", "409 Conflict answers from the API server", registry=r
         )
+        self.api_writes = Counter(
+            "deviceshare_api_writes",
+            "API writes by verb, resource and result: ok, conflict (409), uncertain_resolved (the answer was lost "
+            "and the object read back told the outcome), failed, fenced (not sent: this replica is not the leader)",
+            ["verb", "resource", "result"], registry=r,
+        )
         self.api_retries = Counter(
             "deviceshare_api_retries", "Writes retried after a transient API error", registry=r
         )
@@ -128,6 +134,9 @@ class Metrics:
         self.queue_parked = Gauge("deviceshare_queue_parked", "Pods parked as unschedulable", registry=r)
         self._ledger = _LedgerCollector()
         r.register(self._ledger)
+
+    def api_write(self, verb: str, resource: str, result: str) -> None:
+        self.api_writes.labels(verb, resource, result).inc()
 
     def bind_ledger(self, ledger: DeviceLedger) -> None:
         self._ledger.ledger = ledger

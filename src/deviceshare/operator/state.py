@@ -229,6 +229,16 @@ class ClusterState:
         if held is not None and held.uid == uid and held.member_of != group:
             self.upsert_pod(held)
 
+    def forget_binding(self, key: PodKey, uid: str) -> None:
+        """Undo :meth:`record_binding` for a Binding that certainly did not land."""
+        record = self._bound.get(key)
+        if record is None or record[0] != uid:
+            return
+        del self._bound[key]
+        held = self.pods.get(key)
+        if held is not None and held.uid == uid and held.member_of is not None and not held.node_name:
+            self.upsert_pod(dataclasses.replace(held, member_of=None))
+
     def assume(self, pod: PodRecord, node: str, annotations: Mapping[str, str], group: str) -> PodRecord:
         """``pod`` was bound to ``node`` as a member of ``group``, with ``annotations``, by us just now."""
         bound = dataclasses.replace(

@@ -79,6 +79,8 @@ class ApiServer(kmock.KubernetesScaffold):
         self._requests.append(request)
         try:
             return await self._handle(request)
+        except faults.Dropped:  # the connection is closed: whatever is answered here never arrives
+            return aiohttp.web.Response(status=500)
         except Exception as e:
             if self._errors:
                 self._errors[-1].append(e)
@@ -114,16 +116,47 @@ class ApiServer(kmock.KubernetesScaffold):
             except NotImplementedError:
                 pass
         try:
-            fault = self.faults.take(str(request.method.value), request.url.path)
-            if fault is not None:
+            method = str(request.method.value)
+            fault = self.faults.take(method, request.url.path)
+            if fault is None or fault.applied:
+                response = await self._serve(request)
+            else:
                 if fault.delay:
-                    await asyncio.sleep(fault.delay)
-                error = fault.error()
-                if error is not None:
-                    raise error
-            return await self._serve(request)
+                    await self._wait(fault, parsing.write_deadline(method, request.params))
+                self._fail(request, fault)
+                response = await self._serve(request)
+            if fault is not None and fault.applied:
+                if fault.delay:
+                    await asyncio.sleep(fault.delay)  # carried out, answered late
+                self._fail(request, fault)
+            return response
         except errors.ApiError as e:
             return _json(e.status(), e.code, e.headers)
+
+    async def _wait(self, fault: faults.Fault, deadline: float | None) -> None:
+        """An injected delay before a write: past the request's own ``timeout`` the server gives up on it
+        (504, not carried out), as kube-apiserver's handlers do once the request's context is done."""
+        try:
+            if deadline is not None and deadline < fault.delay:
+                await asyncio.sleep(deadline)
+                fault.given_up += 1
+                raise errors.request_timeout()
+            await asyncio.sleep(fault.delay)
+        except asyncio.CancelledError:  # the client went away: like kube-apiserver, nothing is carried out
+            fault.abandoned += 1
+            raise
+
+    @staticmethod
+    def _fail(request: kmock.Request, fault: faults.Fault) -> None:
+        """Answer as ``fault`` says: drop the connection, or raise its error (nothing if it only delays)."""
+        if fault.drop:
+            raw = request._raw_request
+            if raw is not None and raw.transport is not None:
+                raw.transport.close()
+            raise faults.Dropped()
+        error = fault.error()
+        if error is not None:
+            raise error
 
     async def _serve(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
         path = request.url.path.rstrip("/") or "/"

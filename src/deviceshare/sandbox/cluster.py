@@ -317,8 +317,13 @@ class Sandbox:
         retry_after: float | None = None,
         delay: float = 0.0,
         message: str = "injected fault",
+        applied: bool = False,
+        drop: bool = False,
+        every: int = 1,
     ) -> faults.Fault:
-        """Make the next ``times`` requests of ``method`` whose path matches ``path`` fail or wait."""
+        """Make the next ``times`` requests of ``method`` whose path matches ``path`` fail or wait; with
+        ``applied``, carry them out and then answer ``status`` (or, with ``drop``, close the connection);
+        with ``every=n``, only each n-th matching request."""
         return self.api.faults.add(
             faults.Fault(
                 method.upper() if method else None,
@@ -328,6 +333,9 @@ class Sandbox:
                 retry_after,
                 delay,
                 message,
+                applied=applied,
+                drop=drop,
+                every=every,
             )
         )
 

@@ -1,8 +1,14 @@
-"""Scripted API failures for fault tests: the next N matching requests fail or are slowed down.
+"""Scripted API failures for fault tests: the next N matching requests fail, are slowed down, or lie.
 
 A fault matches on the HTTP method and a regular expression searched in the path (query
 excluded). It answers a real ``Status`` error (409, 429 with ``Retry-After``, 500, ...) and/or
 delays the request first; once it has fired ``times`` times it is spent.
+
+Faults that lie, as kube-apiserver under load does: with ``applied`` the request is carried out first and
+*then* answered with ``status`` (e.g. ``504 Timeout``: "the server ... may still be processing the
+request") or, with ``drop``, not answered at all (the connection is closed after the write landed). A
+``drop`` without ``applied`` closes the connection before the request is carried out. Each fault counts
+how often it ``fired``, so a test can prove that it did.
 """
 
 from __future__ import annotations
@@ -27,6 +33,10 @@ _REASONS = {
 }
 
 
+class Dropped(Exception):
+    """The connection of the request was closed by a fault: nothing is answered."""
+
+
 @dataclasses.dataclass
 class Fault:
     method: str | None  # "PATCH", or None for any
@@ -36,7 +46,13 @@ class Fault:
     retry_after: float | None = None
     delay: float = 0.0
     message: str = "injected fault"
+    applied: bool = False  # carry the request out first, then answer with ``status`` (or drop)
+    drop: bool = False  # close the connection instead of answering
+    every: int = 1  # fire on every n-th matching request only (the others are served normally)
     fired: int = 0
+    seen: int = 0  # matching requests, fired or not
+    given_up: int = 0  # delayed writes the server gave up on at their ``timeout`` (answered 504, not applied)
+    abandoned: int = 0  # delayed requests whose client went away first (not carried out)
 
     def matches(self, method: str, path: str) -> bool:
         spent = self.times is not None and self.fired >= self.times
@@ -71,6 +87,9 @@ class Faults:
         """The first live fault for this request, counted as fired."""
         for fault in self._faults:
             if fault.matches(method, path):
+                fault.seen += 1
+                if fault.seen % fault.every:
+                    continue
                 fault.fired += 1
                 return fault
         return None
