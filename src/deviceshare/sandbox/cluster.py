@@ -20,20 +20,10 @@ import kmock
 import yaml
 
 from deviceshare.api import names
-from deviceshare.sandbox import (
-    admission,
-    apiserver,
-    catalog,
-    errors,
-    faults,
-    identity,
-    kubelet,
-    patches,
-    priority,
-    store,
-)
+from deviceshare.sandbox import admission, apiserver, catalog, errors, faults, identity, kubelet, patches, store
 from deviceshare.sandbox import deployments as deployments_
 from deviceshare.sandbox import disruption as disruption_
+from deviceshare.sandbox import priority as priority_classes
 
 CONTEXT = "deviceshare-sandbox"
 INTEL_RESOURCE = "gpu.intel.com/i915"
@@ -116,7 +106,7 @@ class Sandbox:
         self.kubeconfig = Path()
         for ns in SYSTEM_NAMESPACES:
             self.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
-        for priority_class in priority.system_classes():  # as the API server's bootstrap makes them
+        for priority_class in priority_classes.system_classes():  # as the API server's bootstrap makes them
             self.create(priority_class)
         crd_dir = crds if crds is not None else default_crds()
         if crd_dir is not None:
