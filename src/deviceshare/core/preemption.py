@@ -97,26 +97,28 @@ def decide(
     counted: collections.Counter[str] = collections.Counter()
     bounded: list[_Candidate] = []
     empty, get_groups, passes = victims.EMPTY, groups_by_node.get, filters.passes
+    cpu, memory = demand.cpu_milli, demand.memory_bytes
     for state in snapshot.nodes.values():
         info = state.info
         if constrained or info.taints or info.problems or not (info.shared and info.ready) or info.unschedulable:
             static_ok = passes(info, info.devices, 0, 0, {}, request.node_selector, demand)
         else:  # the common node, open and untainted: only its size could rule it out
-            static_ok = demand.cpu_milli <= info.cpu_milli and demand.memory_bytes <= info.memory_bytes
+            static_ok = cpu <= info.cpu_milli and memory <= info.memory_bytes
         if not static_ok:
             counted[NOT_HELPFUL] += 1  # not even the empty node would do: no eviction can help
             continue
-        groups = get_groups(info.name, empty)
+        name = info.name
+        groups = get_groups(name, empty)
         candidates = groups
         if protected and not groups.keys.isdisjoint(protected):
             candidates = victims.NodeGroups.of(g for g in groups.groups if g.key not in protected)
-        kept = kept_by_node.get(info.name)
-        seen = nominations.withhold(state, kept) if kept else state
-        found = _bound(seen, not kept, needs, demand, candidates, priority)
+        kept = kept_by_node.get(name) if kept_by_node else None
+        found = _bound(nominations.withhold(state, kept) if kept else state, not kept, needs, demand, candidates,
+                       priority)
         if found.__class__ is str:
             counted[found] += 1
             continue
-        bounded.append((found, info.name, state, groups, candidates))  # type: ignore[arg-type]
+        bounded.append((found, name, state, groups, candidates))  # type: ignore[arg-type]
     heapq.heapify(bounded)
     best: tuple[tuple[int, int, int, int], str, tuple[GroupKey, ...], victims.Choice] | None = None
     while bounded:
@@ -188,38 +190,49 @@ def _bound(
 ) -> tuple[int, int, int, int] | str:
     """The best rank (:attr:`victims.Choice.rank`) the node could reach, counting every device a
     candidate holds as freed for the preemptor (a device becomes usable only when one of its holders
-    leaves) and the largest candidate for how few could free it; or why it cannot fit at all."""
+    leaves) and the largest candidate for how few could free it; or why it cannot fit at all.
+    (Run once per node per decision: written for speed, no intermediate collections.)"""
     m = bisect.bisect_left(groups.priorities, priority)  # the candidates: strictly lower priority
-    short: list[tuple[int, tuple[int, ...], tuple[int, ...]]] = []
+    enough = fewest = 0  # how many candidates, by priority, could free enough; how few could at best
+    short = False
     for need in needs:
-        lacking = need.count - need.usable(state, indexed)
+        if need.share is None:
+            lacking = need.count - len(state.free.get(need.resource, ()))
+        else:
+            lacking = need.count - need.usable(state, indexed)
         if lacking > 0:
-            sums = groups.touches.get(need.resource)
             if not m:
                 return NO_VICTIMS
+            sums = groups.touches.get(need.resource)
             if sums is None or sums[m] < lacking:
                 return need.reason
-            short.append((lacking, sums, groups.most_touched[need.resource]))
+            enough = max(enough, bisect.bisect_left(sums, lacking, 0, m + 1))
+            fewest = max(fewest, -(-lacking // groups.most_touched[need.resource][m]))
+            short = True
     info = state.info
-    for lacking, sums, most, reason in (
-        (demand.cpu_milli - info.cpu_milli + state.cpu_used, groups.cpu, groups.most_cpu, reasons.INSUFFICIENT_CPU),
-        (demand.memory_bytes - info.memory_bytes + state.memory_used, groups.memory, groups.most_memory,
-         reasons.INSUFFICIENT_MEMORY),
-    ):
-        if lacking > 0:
-            if not m:
-                return NO_VICTIMS
-            if sums[m] < lacking:
-                return reason
-            short.append((lacking, sums, most))
+    lacking = demand.cpu_milli - info.cpu_milli + state.cpu_used
+    if lacking > 0:
+        if not m:
+            return NO_VICTIMS
+        if groups.cpu[m] < lacking:
+            return reasons.INSUFFICIENT_CPU
+        enough = max(enough, bisect.bisect_left(groups.cpu, lacking, 0, m + 1))
+        fewest = max(fewest, -(-lacking // groups.most_cpu[m]))
+        short = True
+    lacking = demand.memory_bytes - info.memory_bytes + state.memory_used
+    if lacking > 0:
+        if not m:
+            return NO_VICTIMS
+        if groups.memory[m] < lacking:
+            return reasons.INSUFFICIENT_MEMORY
+        enough = max(enough, bisect.bisect_left(groups.memory, lacking, 0, m + 1))
+        fewest = max(fewest, -(-lacking // groups.most_memory[m]))
+        short = True
     if not short:
-        return (0, 0, 0, 0)
-    enough = fewest = 0
-    for lacking, sums, most in short:
-        enough = max(enough, bisect.bisect_left(sums, lacking, 0, m + 1))
-        fewest = max(fewest, -(-lacking // most[m]))
+        return _FITS_NOW
     return (1, groups.priorities[enough - 1], fewest, fewest * groups.fewest_pods[m])
 
 
+_FITS_NOW = (0, 0, 0, 0)
 # (bound of its rank, node name, state, all its groups, the ones that may be evicted): a heap entry
 _Candidate = tuple[tuple[int, int, int, int], str, snapshots.NodeState, victims.NodeGroups, victims.NodeGroups]
