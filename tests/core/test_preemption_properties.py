@@ -123,6 +123,10 @@ def test_the_choice_is_the_brute_force_optimum(seed: int) -> None:
         snapshot, request, pending, priority, victims.by_node(groups), protected=protected, nominated=nominated
     )
 
+    # The scan answers the commonest request inline and any other through the general bound: both agree.
+    general = preemption.decide(snapshot, request, pending, priority, victims.by_node(groups),
+                                protected={*protected, ("no", "such-group")}, nominated=nominated)
+    assert general == decision, seed
     if expected is None:
         assert isinstance(decision, preemption.NoPreemption), (seed, decision)
         assert sum(decision.reasons.values()) == len(snapshot.nodes)

@@ -96,8 +96,11 @@ def decide(
     constrained = bool(request.node_selector or demand.node_selector or demand.required_terms or demand.tolerations)
     counted: collections.Counter[str] = collections.Counter()
     bounded: list[_Candidate] = []
-    empty, get_groups, passes = victims.EMPTY, groups_by_node.get, filters.passes
+    empty, get_groups, passes, bisect_left = victims.EMPTY, groups_by_node.get, filters.passes, bisect.bisect_left
     cpu, memory = demand.cpu_milli, demand.memory_bytes
+    # The commonest question (whole devices of one resource, no node constraints) is answered inline below:
+    # _bound's arithmetic for that case, without its calls, since this loop runs for every node.
+    single = needs[0] if len(needs) == 1 and needs[0].share is None and not constrained else None
     for state in snapshot.nodes.values():
         info = state.info
         if constrained or info.taints or info.problems or not (info.shared and info.ready) or info.unschedulable:
@@ -113,8 +116,25 @@ def decide(
         if protected and not groups.keys.isdisjoint(protected):
             candidates = victims.NodeGroups.of(g for g in groups.groups if g.key not in protected)
         kept = kept_by_node.get(name) if kept_by_node else None
-        found = _bound(nominations.withhold(state, kept) if kept else state, not kept, needs, demand, candidates,
-                       priority)
+        found: tuple[int, int, int, int] | str
+        if (single is not None and not kept and candidates is groups
+                and cpu <= info.cpu_milli - state.cpu_used and memory <= info.memory_bytes - state.memory_used):
+            lacking = single.count - len(state.free.get(single.resource, ()))
+            m = bisect_left(groups.priorities, priority)
+            sums = groups.touches.get(single.resource)
+            if lacking <= 0:
+                found = _FITS_NOW
+            elif not m:
+                found = NO_VICTIMS
+            elif sums is None or sums[m] < lacking:
+                found = single.reason
+            else:
+                fewest = -(-lacking // groups.most_touched[single.resource][m])
+                found = (1, groups.priorities[bisect_left(sums, lacking, 0, m + 1) - 1], fewest,
+                         fewest * groups.fewest_pods[m])
+        else:
+            found = _bound(nominations.withhold(state, kept) if kept else state, not kept, needs, demand, candidates,
+                           priority)
         if found.__class__ is str:
             counted[found] += 1
             continue
