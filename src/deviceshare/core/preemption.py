@@ -98,9 +98,9 @@ def decide(
     bounded: list[_Candidate] = []
     empty, get_groups, passes, bisect_left = victims.EMPTY, groups_by_node.get, filters.passes, bisect.bisect_left
     cpu, memory = demand.cpu_milli, demand.memory_bytes
-    # The commonest question (whole devices of one resource, no node constraints) is answered inline below:
-    # _bound's arithmetic for that case, without its calls, since this loop runs for every node.
-    single = needs[0] if len(needs) == 1 and needs[0].share is None and not constrained else None
+    # The commonest question (devices of one resource, no node constraints, the node's CPU/memory enough) is
+    # answered inline below: _bound's arithmetic for that case, without its calls, as this runs for every node.
+    single = needs[0] if len(needs) == 1 and not constrained else None
     for state in snapshot.nodes.values():
         info = state.info
         if constrained or info.taints or info.problems or not (info.shared and info.ready) or info.unschedulable:
@@ -119,7 +119,10 @@ def decide(
         found: tuple[int, int, int, int] | str
         if (single is not None and not kept and candidates is groups
                 and cpu <= info.cpu_milli - state.cpu_used and memory <= info.memory_bytes - state.memory_used):
-            lacking = single.count - len(state.free.get(single.resource, ()))
+            if single.share is None:
+                lacking = single.count - len(state.free.get(single.resource, ()))
+            else:
+                lacking = single.count - single.usable(state, True)
             m = bisect_left(groups.priorities, priority)
             sums = groups.touches.get(single.resource)
             if lacking <= 0:
