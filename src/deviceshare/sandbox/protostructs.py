@@ -8,7 +8,6 @@ module the fields of these kinds, by the field numbers of k8s.io/api's generated
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Callable
 from typing import Any
 
@@ -77,30 +76,13 @@ def _priority_class(data: bytes) -> dict[str, Any]:
     return obj
 
 
-def _delete_options(data: bytes) -> dict[str, Any]:
-    options: dict[str, Any] = {}
-    for number, wire, value in protobuf.fields(data):
-        if number == 1:
-            options["gracePeriodSeconds"] = _signed(int(value)) if wire == 0 else struct.unpack("<q", value)[0]
-        elif number == 2:
-            names = {1: "uid", 2: "resourceVersion"}
-            options["preconditions"] = {names[n]: _text(v) for n, _, v in protobuf.fields(bytes(value)) if n in names}
-        elif number == 3:
-            options["orphanDependents"] = bool(value)
-        elif number == 4:
-            options["propagationPolicy"] = _text(value)
-        elif number == 5:
-            options.setdefault("dryRun", []).append(_text(value))
-    return options
-
-
 def _eviction(data: bytes) -> dict[str, Any]:
     obj: dict[str, Any] = {}
     for number, _, value in protobuf.fields(data):
         if number == 1:
             obj["metadata"] = protobuf.object_meta(bytes(value))
         elif number == 2:
-            obj["deleteOptions"] = _delete_options(bytes(value))
+            obj["deleteOptions"] = protobuf.delete_options(bytes(value))
     return obj
 
 

@@ -121,7 +121,7 @@ class Webhook:
             body = await self._review(request)
             decision = await decide(body)
         except reviews.NotAReview as e:
-            self.metrics.observe("malformed", time.perf_counter() - started)
+            self.metrics.observe(request.path, "malformed", time.perf_counter() - started)
             return web.json_response(_status(400, "BadRequest", f"not an AdmissionReview: {e}"), status=400)
         except reviews.MalformedReview as e:
             decision = admission.deny(f"malformed AdmissionReview: {e}", code=400, outcome="malformed")
@@ -138,9 +138,9 @@ class Webhook:
         try:
             answer = admission.respond(body, decision)
         except reviews.NotAReview:  # the error came before the body was read: no review to answer
-            self.metrics.observe("error", time.perf_counter() - started)
+            self.metrics.observe(request.path, "error", time.perf_counter() - started)
             return web.json_response(_status(500, "InternalError", decision.message), status=500)
-        self.metrics.observe(decision.outcome, time.perf_counter() - started)
+        self.metrics.observe(request.path, decision.outcome, time.perf_counter() - started)
         return web.json_response(answer, dumps=_dumps)
 
     async def _mutation(self, body: dict[str, Any]) -> admission.Decision:
