@@ -55,7 +55,7 @@ async def test_kubectl_drain_evicts_what_its_budgets_allow(sandbox: Sandbox) -> 
                     "metadata": {"name": "web", "namespace": "default"},
                     "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "web"}}}})
     await processed(sandbox, "web", currentHealthy=1, disruptionsAllowed=0)
-    drained = await run(sandbox, "drain", "gpu-node-0", "--force", "--timeout=2s")
+    drained = await run(sandbox, "drain", "gpu-node-0", "--force", "--timeout=1s")
     assert drained.returncode != 0
     assert "Cannot evict pod as it would violate the pod's disruption budget." in drained.stderr
     await until(sandbox, lambda: sandbox.get("pods", "free", "default") is None, "free evicted and removed")

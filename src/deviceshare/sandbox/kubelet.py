@@ -150,17 +150,18 @@ class Kubelet:
         self._loop.call_later(self.delay, self._finish, key, md.get("uid"))
 
     def _finish(self, key: tuple[str, str], uid: str | None) -> None:
-        self._stopping_now.discard(key)
         try:
             pod = self.store.get(self._pods, key[0], key[1])
+            if store.meta(pod).get("uid") != uid:
+                return
+            if (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
+                self.complete(key[0], key[1], "Failed")  # (its event finds the key still stopping)
+            with contextlib.suppress(Exception):  # gone meanwhile, or held by a finalizer: as the real kubelet
+                self.store.delete(self._pods, key[0], key[1], {"gracePeriodSeconds": 0, "preconditions": {"uid": uid}})
         except Exception:
-            return
-        if store.meta(pod).get("uid") != uid:
-            return
-        if (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
-            self.complete(key[0], key[1], "Failed")
-        with contextlib.suppress(Exception):  # gone meanwhile, or held by a finalizer: as the real kubelet
-            self.store.delete(self._pods, key[0], key[1], {"gracePeriodSeconds": 0, "preconditions": {"uid": uid}})
+            return  # gone meanwhile
+        finally:
+            self._stopping_now.discard(key)
 
     def _consider(self, pod: Mapping[str, Any]) -> None:
         md = store.meta(pod)
