@@ -147,6 +147,11 @@ def _fits(state: ledgers.NodeState, request: GroupRequest, pod: inventory.PodDem
     )
 
 
+# Read-only, for the phases built on placement (gang start, preemption): the same filters it walks with.
+node_failure = _failure  # why a group (first pod ``pod``) cannot go to a node; None if it can
+fits = _fits  # node_failure(...) is None, cheapest checks first
+
+
 def device_choice(state: ledgers.NodeState, request: GroupRequest, revision: int) -> Placement:
     """The devices (and tiles) the group gets on a node that fits, in the request's strategy order."""
     devices: dict[str, tuple[str, ...]] = {}
