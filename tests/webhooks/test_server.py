@@ -133,10 +133,10 @@ async def test_metrics_count_outcomes(webhook: server.RunningWebhook, http: aioh
         line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines() if line and line[0] != "#"
     }
     prefix = "deviceshare_webhook_admission_requests_total"
-    assert samples[f'{prefix}{{outcome="patched"}}'] == 1
-    assert samples[f'{prefix}{{outcome="denied"}}'] == 1
-    assert samples[f'{prefix}{{outcome="skipped"}}'] == 1
-    assert samples["deviceshare_webhook_admission_duration_seconds_count"] == 3
+    assert samples[f'{prefix}{{path="/mutate-pods",result="patched"}}'] == 1
+    assert samples[f'{prefix}{{path="/mutate-pods",result="denied"}}'] == 1
+    assert samples[f'{prefix}{{path="/mutate-pods",result="skipped"}}'] == 1
+    assert samples['deviceshare_webhook_admission_duration_seconds_count{path="/mutate-pods"}'] == 3
     assert samples["deviceshare_webhook_cache_synced"] == 1
 
 

@@ -17,7 +17,7 @@ maps (what a reservation must pass, what a node has left) are in ``holdings``.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from deviceshare.api import names
 from deviceshare.core import capacity, claims, holdings, inventory, snapshots
@@ -54,6 +54,8 @@ class DeviceLedger:
         self._used: dict[str, tuple[int, int]] = {}
         self._indexes = snapshots.Indexes()
         self._snapshot: LedgerSnapshot | None = None
+        self._linked: set[str] = set()  # nodes that report a device topology
+        self._subscribers: list[Callable[[str, NodeState | None], None]] = []
 
     @property
     def revision(self) -> int:
@@ -67,6 +69,10 @@ class DeviceLedger:
             if self._info.get(node.name) == node:
                 return
             self._info[node.name] = node
+            if node.topology:
+                self._linked.add(node.name)
+            else:
+                self._linked.discard(node.name)
             self._refresh(node.name)
             self._revision += 1
 
@@ -75,6 +81,7 @@ class DeviceLedger:
         with self._lock:
             if self._info.pop(name, None) is None:
                 return
+            self._linked.discard(name)
             self._refresh(name)
             self._revision += 1
 
@@ -285,6 +292,14 @@ class DeviceLedger:
             self._revision += 1
             return RebuildReport(len(self._allocs), self._conflicts(), tuple(problems))
 
+    def subscribe(self, on_node: Callable[[str, NodeState | None], None]) -> None:
+        """Call ``on_node(name, state)`` for every node now, then after each change (None: gone), under the lock."""
+        with self._lock:
+            self._subscribers.append(on_node)
+            for shard in self._shards:
+                for name, state in shard.items():
+                    on_node(name, state)
+
     def snapshot(self) -> LedgerSnapshot:
         """An immutable view for placement; the same object while the revision stays put."""
         with self._lock:
@@ -295,6 +310,7 @@ class DeviceLedger:
                     nodes=NodeStates(tuple(self._shards)),
                     index=self._indexes.free_copy(),
                     parts=self._indexes.parts_copy(),
+                    linked_nodes=len(self._linked),
                 )
                 self._snapshot = snap
                 self._shared = [True] * _SHARDS
@@ -310,21 +326,25 @@ class DeviceLedger:
         holdings.hold(self._held, self._uses, allocation)
 
     def _refresh(self, name: str) -> None:
-        """Recompute one node's state and its place in the free-capacity indexes."""
+        """Recompute one node's state and its place in the free-capacity indexes; tell the subscribers."""
         info = self._info.get(name)
         i = hash(name) % _SHARDS
         if self._shared[i]:
             self._shards[i] = dict(self._shards[i])
             self._shared[i] = False
+        state: NodeState | None = None
         if info is None:
             self._shards[i].pop(name, None)
             self._indexes.file(name, {}, frozenset())
-            return
-        free, partial = holdings.left_on(name, info, self._held, self._uses)
-        cpu, memory = self._used.get(name, (0, 0))
-        self._shards[i][name] = NodeState(info, free, cpu, memory, partial)
-        is_open = info.shared and info.ready and not info.unschedulable and not info.problems
-        if is_open:
-            self._indexes.file(name, {r: len(ids) for r, ids in free.items() if ids}, snapshots.part_entries(partial))
         else:
-            self._indexes.file(name, {}, frozenset())
+            free, partial = holdings.left_on(name, info, self._held, self._uses)
+            cpu, memory = self._used.get(name, (0, 0))
+            state = self._shards[i][name] = NodeState(info, free, cpu, memory, partial)
+            is_open = info.shared and info.ready and not info.unschedulable and not info.problems
+            if is_open:
+                free_counts = {r: len(ids) for r, ids in free.items() if ids}
+                self._indexes.file(name, free_counts, snapshots.part_entries(partial))
+            else:
+                self._indexes.file(name, {}, frozenset())
+        for on_node in self._subscribers:
+            on_node(name, state)

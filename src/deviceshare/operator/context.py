@@ -17,8 +17,8 @@ from deviceshare.core import fgdplacement
 from deviceshare.core import ledger as ledgers
 
 from . import events as events_
+from . import fleetmetrics, settling, storage, tallies
 from . import metrics as metrics_
-from . import settling, storage
 from . import state as state_
 from .config import OperatorConfig
 
@@ -83,8 +83,11 @@ class Context:
         self.locks: Final = GroupLocks()
         # Events are posted in the background so a slow API never holds a group lock; repeats are counted.
         self.recorder: Final = recorder if recorder is not None else events_.EventRecorder()
-        # The last reason each Pending group could not be placed, shown in its Scheduled condition.
-        self.unschedulable: Final[dict[state_.GroupKey, str]] = {}
+        # The last reason each Pending group could not be placed, shown in its Scheduled condition (counted by
+        # reason kind for the unschedulable-groups gauge).
+        self.unschedulable: Final[tallies.Tally[state_.GroupKey, str]] = tallies.Tally(
+            lambda key, message: fleetmetrics.waiting_class(message, self._state.groups.get(key))
+        )
         # Groups whose devices are also claimed by another group (found at rebuild): key -> other holders.
         self.conflicts: Final[dict[state_.GroupKey, set[state_.GroupKey]]] = {}
         # Placements whose status write's answer was lost: resolved before anything else about the group.
@@ -98,6 +101,8 @@ class Context:
         # schedulingStrategy fgd: the policy and its target workload, learned from the groups placed.
         self._fgd = fgdplacement.FGDPlacement()
         self.metrics.bind_ledger(self._ledger)
+        self.metrics.bind_state(self._state)
+        self.metrics.bind_context(self)
         api.on_write = self.metrics.api_write
 
     @property
@@ -123,6 +128,7 @@ class Context:
         """Replace everything known about the cluster with a rebuild's result, in one step (no await)."""
         self._ledger, self._state, self._fgd = ledger, state, fgd
         self.metrics.bind_ledger(ledger)
+        self.metrics.bind_state(state)
         self.conflicts.clear()
         self.conflicts.update(conflicts)
         self.unschedulable.clear()

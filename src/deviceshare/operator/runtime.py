@@ -57,6 +57,7 @@ class Runtime:
         self.leadership: leadership_.Leadership | None = None
         self._election: asyncio.Task[None] | None = None
         self._fence = storage.OpenFence(ctx.api.request_timeout)
+        ctx.metrics.bind_leader(lambda: self.scheduling)
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -168,7 +169,7 @@ class Runtime:
             gc.collect()
             gc.freeze()  # the rebuilt state lives on: later collections need not scan it again
         elapsed = time.perf_counter() - started
-        ctx.metrics.rebuild_seconds.set(elapsed)
+        ctx.metrics.rebuilt(elapsed, *counts, untrusted=len(sorted_claims.untrusted))
         logger.info(
             "ledger rebuilt in %.3fs: %d nodes, %d groups, %d pods, %d allocations, %d conflicts",
             elapsed, *counts, report.allocations, len(report.conflicts),

@@ -206,7 +206,7 @@ class PodScheduler:
         over = quotas.refusal(ctx.ledger, group.key, dict(spec.resources), budget)
         if over is not None:
             return over
-        request = placement.GroupRequest.from_spec(group.key, spec)
+        request = placement.GroupRequest.from_spec(group.key, spec, mps=ctx.config.mps)
         policy = ctx.fgd.for_pod(pod.demand) if spec.scheduling_strategy == "fgd" else None
         decided = placement.schedule_group(ctx.ledger, request, pod.demand, policy=policy)
         if isinstance(decided, placement.Unschedulable):

@@ -4,9 +4,10 @@ kmock gives the server (aiohttp on a loopback port), request parsing and its rea
 reactions added with that DSL (``sandbox.api[...] << ...``) still take precedence, so tests can
 script odd answers. Everything else is routed here the way kube-apiserver routes it: discovery
 documents (``discovery``), CRUD on collections and objects through admission, ``status``,
-``binding`` and ``scale`` subresources, server-side dry run (``dryRun=All``: see ``dryrun``), and
-Table output. Reading a request is in ``parsing``; watch streams, with resourceVersion resume,
-bookmarks, 410 Gone and ``timeoutSeconds``, are in ``watching``.
+``binding``, ``scale`` and ``eviction`` subresources, server-side dry run (``dryRun=All``: see ``dryrun``),
+server-side apply (``applying``; every write's owner recorded by ``managedfields``), and Table output.
+Reading a request is in ``parsing``; watch streams, with resourceVersion resume, bookmarks, 410 Gone
+and ``timeoutSeconds``, are in ``watching``.
 """
 
 from __future__ import annotations
@@ -22,12 +23,15 @@ import kmock
 
 from deviceshare.sandbox import (
     admission,
+    applying,
     catalog,
     deployments,
     discovery,
     errors,
+    eviction,
     faults,
     identity,
+    managedfields,
     parsing,
     patches,
     store,
@@ -174,6 +178,8 @@ class ApiServer(kmock.KubernetesScaffold):
         if target.subresource and target.subresource not in rtype.subresources:
             raise errors.endpoint_not_found()
         params = request.params
+        parsing.check_custom_body(request, rtype)
+        manager = managedfields.manager_of(params, request.headers.get("User-Agent"))  # who writes, for managedFields
         # Set for every request: a connection's next request (same task) must not inherit it.
         store.DRY_RUN.set(parsing.dry_run(params, parsing.decode(request) if method == "DELETE" else None))
         ns = target.namespace if rtype.namespaced else None
@@ -181,7 +187,7 @@ class ApiServer(kmock.KubernetesScaffold):
             raise errors.method_not_allowed()  # namespaced objects live under /namespaces/NS/ only
         if target.subresource == "scale" and target.name:
             content_type, body = request.headers.get("Content-Type", ""), parsing.decode(request)
-            return _json(deployments.serve_scale(self.store, method, ns, target.name, content_type, body))
+            return _json(deployments.serve_scale(self.store, method, ns, target.name, content_type, body, manager))
         if method == "GET":
             if parsing.flag(params, "watch"):
                 return await watching.serve(self, request, rtype, ns, target.name)
@@ -196,22 +202,34 @@ class ApiServer(kmock.KubernetesScaffold):
             await self.admission.validate(rtype, ns, "CREATE", body, user=user)
             return self._bound(ns, store.meta(body).get("name", ""), body)
         if method == "POST" and target.name is None:
-            return await self._create(request, rtype, ns, user)
+            return await self._create(request, rtype, ns, user, manager)
         if method == "POST" and target.subresource == "binding" and ns:
             body = parsing.decode(request) or {}
             await self.admission.validate(rtype, ns, "CREATE", body, subresource="binding", user=user)
             return self._bound(ns, target.name or "", body)
+        if method == "POST" and target.subresource == "eviction" and ns:
+            body = parsing.decode(request)
+            await self.admission.validate(rtype, ns, "CREATE", body, subresource="eviction", user=user)
+            return _json(eviction.evict(self.store, ns, target.name or "", body, eviction.dry_run(body)), 201)
         if method == "PUT" and target.name:
             body = parsing.decode(request)
             if not isinstance(body, dict):
                 raise errors.bad_request("the body of an update must be an object")
             parsing.check_strict(request, rtype, body)
-            return _json(await self._update(rtype, ns, target, None, body, user))
+            return _json(await self._update(rtype, ns, target, None, body, user, manager))
         if method == "PATCH" and target.name:
             content_type = request.headers.get("Content-Type", patches.MERGE)
+            is_apply = content_type.split(";")[0].strip() == patches.APPLY
+            opts = applying.options(params, apply=is_apply)
             if "json-patch" not in content_type:
                 parsing.check_strict(request, rtype, parsing.decode(request))
-            return _json(await self._update(rtype, ns, target, content_type, parsing.decode(request), user))
+            if is_apply:  # server-side apply: see applying
+                obj, code = await applying.apply(
+                    self.store, self.admission, rtype, ns, target.name, target.subresource,
+                    parsing.decode(request), opts, user,
+                )
+                return _json(obj, code)
+            return _json(await self._update(rtype, ns, target, content_type, parsing.decode(request), user, manager))
         if method == "DELETE" and target.name and not target.subresource:
             return _json(self.store.delete(rtype, ns, target.name, parsing.decode(request)))
         if method == "DELETE" and target.name is None:
@@ -231,6 +249,7 @@ class ApiServer(kmock.KubernetesScaffold):
         content_type: str | None,
         body: Any,
         user: identity.User,
+        manager: str,
     ) -> dict[str, Any]:
         """PUT or PATCH through validating admission: the result is checked, then stored if the object
         did not change while admission ran (else the write is redone on the new version, as the real
@@ -239,6 +258,8 @@ class ApiServer(kmock.KubernetesScaffold):
             old, new = self.store.prepare_update(
                 rtype, ns, target.name or "", content_type, body, target.subresource
             )
+            managedfields.track_update(applying.shape_of(rtype), old, new, manager, rtype.api_version,
+                                       has_status=rtype.has_status, subresource=target.subresource)
             await self.admission.validate(
                 rtype, ns, "UPDATE", new, old, subresource=target.subresource or "", user=user
             )
@@ -283,7 +304,7 @@ class ApiServer(kmock.KubernetesScaffold):
         return _json(obj, status)
 
     async def _create(
-        self, request: kmock.Request, rtype: catalog.ResourceType, ns: str | None, user: identity.User
+        self, request: kmock.Request, rtype: catalog.ResourceType, ns: str | None, user: identity.User, manager: str
     ) -> aiohttp.web.Response:
         body = parsing.decode(request)
         if not isinstance(body, dict):
@@ -292,6 +313,8 @@ class ApiServer(kmock.KubernetesScaffold):
         md = body.setdefault("metadata", {})
         if rtype.namespaced and ns and not md.get("namespace"):
             md["namespace"] = ns
+        managedfields.track_update(applying.shape_of(rtype), None, body, manager, rtype.api_version,
+                                   has_status=rtype.has_status)
         body = await self.admission.admit_create(rtype, ns, body, user)
         await self.admission.validate(rtype, ns, "CREATE", body, user=user)
         return self._answer(request, rtype, self.store.create(rtype, ns, body), 201)

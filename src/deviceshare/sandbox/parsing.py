@@ -97,6 +97,18 @@ def selectors_of(
     return labels, selectors.parse_fields(params.get("fieldSelector"), rtype.selectable)
 
 
+def check_custom_body(request: kmock.Request, rtype: catalog.ResourceType) -> None:
+    """Custom resources have no protobuf form: kube-apiserver refuses such a body with this 415 (and so
+    clients that can, such as Helm's and kubectl's dynamic clients, send JSON for them)."""
+    if rtype.custom and request.body and "protobuf" in request.headers.get("Content-Type", ""):
+        raise errors.ApiError(
+            415,
+            "UnsupportedMediaType",
+            "the body of the request was in an unknown format - accepted media types include: "
+            "application/json, application/yaml",
+        )
+
+
 def decode(request: kmock.Request) -> Any:
     if not request.body:
         return None
