@@ -22,7 +22,7 @@ three) and, with ``scarcity``, one to its score:
   value 1 (no constrained shapes, one node type) the term is 0 and the variant is its base.
 
 The tuned weights below were chosen on :data:`TUNING_SEEDS` of :data:`TUNING_LISTS` only (``docs/simulate.md``
-names the split); ``benchmarks/bench_fgd.py`` reports the margins on :data:`HELD_OUT_SEEDS`.
+names the split); ``benchmarks/bench_fgd_heldout.py`` reports the margins on :data:`HELD_OUT_SEEDS`.
 """
 
 from __future__ import annotations
@@ -43,10 +43,10 @@ TUNING_SEEDS = tuple(range(42, 52))  # the artifact's seeds, where the paper's f
 TUNING_LISTS = ("default", "gpushare60", "gpuspec33", "multigpu50")
 HELD_OUT_SEEDS = tuple(range(62, 72))  # never looked at while choosing (52..61 were, in an earlier round)
 
-FILL_AHEAD = 0.25  # fgd-fill: blend of the fill-ahead fragment into the paper's (chosen on seeds 42..44)
-FILL_AHEAD_SHARES = 0.5  # the same for GPU-sharing shapes only (chosen on seeds 42..44 of default, gpushare60)
-BALANCE = 6.0  # weight of the unfed GPU (chosen among 4, 6, 8 on the tuning seeds)
-SCARCITY = 1.0  # weight of a node type's scarcity (chosen among 1, 2, 3 on the tuning seeds: the largest least margin)
+FILL_AHEAD = 0.25  # fgd-fill: blend of the fill-ahead fragment into the paper's (an earlier round, tuning seeds)
+FILL_AHEAD_SHARES = 0.5  # the same for GPU-sharing shapes only (an earlier round: `simulate --seeds 3`, 42..44)
+BALANCE = 6.0  # weight of the unfed GPU (an earlier round: among 4, 6, 8 on the tuning seeds)
+SCARCITY = 1.0  # weight of a node type's scarcity (among 1, 2, 3 on the tuning seeds: the largest least margin)
 
 
 @dataclass(frozen=True, slots=True)
