@@ -22,6 +22,7 @@ import pytest
 import yaml
 from monitoring.dashboards import fleet
 
+from deviceshare.api import names as api_names
 from deviceshare.kube import applying, connecting
 from deviceshare.operator.process import OperatorThread
 from deviceshare.sandbox import Sandbox
@@ -40,8 +41,6 @@ AWAITING = {
     "deviceshare_preemptions_total": "#22",
     "deviceshare_preemption_victims_total": "#22",
     "deviceshare_nominations": "#22",
-    "deviceshare_devices_unhealthy": "#23",
-    "deviceshare_groups_on_unhealthy_devices": "#23",
 }
 BOUNDED_LABELS = {"__name__", "job", "instance", "node", "resource", "reason", "phase", "result", "verb", "kind",
                   "path", "le"}  # fmt: skip
@@ -113,6 +112,16 @@ async def test_every_panel_and_alert_evaluates_and_the_panels_show_data(
             await kube.create_pod(NS, pod, group)
         pods = [await kube.wait_bound(NS, name) for name in ("trainer-0", "half-0")]
         await prom.until(lambda: bound_seen(2), "Prometheus to see the first wave bound")
+        # Then a GPU the trainer holds falls ill (the node agent's annotation, CONTRACT §9, written here).
+        held = json.loads(pods[0]["metadata"]["annotations"][api_names.POD_SELECTED_DEVICES_ANNOTATION])[GPU].split(",")
+        cluster.patch("nodes", pods[0]["spec"]["nodeName"],
+                      {"metadata": {"annotations": {api_names.NODE_HEALTH_ANNOTATION: json.dumps({GPU: held[:1]})}}})
+
+        async def ill_seen() -> bool:
+            got = await prom.query("sum(deviceshare_groups_on_unhealthy_devices)")
+            return bool(got) and float(got[0]["value"][1]) == 1
+
+        await prom.until(ill_seen, "Prometheus to see a group holding an unhealthy GPU")
         # Wave 2, after a scrape saw the first: counters and histograms grow between two samples.
         await kube.create_group(NS, "eval", {GPU: 1})
         for pod, group in (("eval-0", "eval"), ("trainer-1", "trainer")):

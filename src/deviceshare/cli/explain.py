@@ -21,6 +21,7 @@ import yaml
 
 from deviceshare.api import names
 from deviceshare.cli import inspect as inspect_
+from deviceshare.cli import linkview
 from deviceshare.core import inventory, reasons
 
 if TYPE_CHECKING:
@@ -135,7 +136,12 @@ def _hints(facts: Facts, message: str) -> list[str]:
             hints.append(f"{count} {reason}: check kubectl get nodes.")
         elif reason == reasons.INVALID_INVENTORY:
             bad = [f"{i.name}: {'; '.join(i.problems)}" for i in infos if i.problems]
-            hints.append(f"Fix the {names.NODE_DEVICES_ANNOTATION} annotation: {' | '.join(bad) or '?'}.")
+            hints.append(f"Fix the node's device annotations: {' | '.join(bad) or '?'}.")
+        elif reason == reasons.NO_MPS:
+            ready = [i.name for i in infos if i.shared and i.mps_ready]
+            hints.append(f"{count} node(s) run no MPS control daemon, and the operator enforces shares with MPS "
+                         f"(--mps); nodes that do: {', '.join(ready) or 'none'}. Install the MPS overlay "
+                         f"(manifests/overlays/mps), whose node agent annotates {names.NODE_MPS_ANNOTATION}=ready.")
     if "is being deleted" in message:
         hints.append("The group is being deleted; its pods will not be placed. Recreate the group after it is gone.")
     if "also claimed by" in message:
@@ -220,6 +226,11 @@ def explain(facts: Facts) -> list[str]:
         lines.append(f"Group {ns}/{group_name}: phase {shown_phase}, {where}; "
                      f"members {len(members)}{f'/{limit}' if limit else ''}"
                      + (f" ({', '.join(members)})" if members else "") + ".")
+        node_info = next((inventory.node_from_object(n) for n in facts.snapshot.nodes
+                          if (n.get("metadata") or {}).get("name") == status.get("nodeName")), None)
+        if node_info is not None:
+            for text in linkview.group_links(node_info.topology, status.get("allocatedDevices") or {}):
+                lines.append(f"  devices {text}")
         for c in status.get("conditions") or []:
             lines.append(f"  condition {c.get('type')}={c.get('status')} ({c.get('reason', '')}): "
                          f"{c.get('message', '')}")

@@ -56,6 +56,9 @@ class OperatorConfig:
     startup_backoff_max: float = 10.0
     metrics_host: str = "0.0.0.0"
     metrics_port: int | None = 8080
+    # Shares are enforced by MPS (--mps): a compute or memory share of an NVIDIA device goes only to a node
+    # that says deviceshare.io/mps: ready (CONTRACT §9; the node agent publishes it).
+    mps: bool = False
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> OperatorConfig:

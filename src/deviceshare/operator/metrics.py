@@ -99,8 +99,16 @@ class Metrics:
         )
         self.fleet = fleetmetrics.FleetCollector()
         r.register(self.fleet)
+
         # Per node and resource: rendered as text per changed node, outside the registry (see nodemetrics).
         self.nodes = nodemetrics.NodeGauges(active=lambda: self.fleet.leading is None or self.fleet.leading())
+
+    def group_on_unhealthy(self, group: tuple[str, str], holds: bool) -> None:
+        """Whether ``group`` holds a device its node reports unhealthy (the reconciler says, group by group)."""
+        if holds:
+            self.fleet.on_unhealthy.add(group)
+        else:
+            self.fleet.on_unhealthy.discard(group)
 
     def api_write(self, verb: str, resource: str, result: str) -> None:
         self.api_writes.labels(verb, resource, result).inc()

@@ -110,7 +110,7 @@ class GroupPlacer:
         over = quotas.refusal(ctx.ledger, group.key, dict(spec.resources), budget)
         if over is not None:
             return NotPlaced(over)
-        request = placement.GroupRequest.from_spec(group.key, spec)
+        request = placement.GroupRequest.from_spec(group.key, spec, mps=ctx.config.mps)
         members = self.members(pod, group.key, spec)
         live = ctx.nominations.live(time.monotonic())
         snapshot = nominations.overlay(ctx.ledger.snapshot(), live, ctx.state.priority(group.key), group.key)

@@ -61,7 +61,7 @@ class Preemptor:
         if not priority_.may_preempt(p.priority for p in pending):
             return f"{why} preemption: {preemption.NEVER}."
         priority = ctx.state.priority(group.key)
-        request = placement.GroupRequest.from_spec(group.key, spec)
+        request = placement.GroupRequest.from_spec(group.key, spec, mps=ctx.config.mps)
         members = pending if spec.min_members > 1 else [pod]
         demands = [m.demand for m in members[: gang.needed(spec.min_members)]]
         decision = preemption.decide(
@@ -88,7 +88,7 @@ class Preemptor:
         chosen = decision.placement
         ctx.nominations = ctx.nominations.nominate(nominations.Nomination(
             group.key, decision.node, priority, chosen.devices, now + ctx.config.nomination_ttl,
-            share=chosen_share(group),
+            share=capacity.shares_from_spec(group.spec.share) if group.spec is not None else {},
             tiles=chosen.tiles,
             cpu_milli=sum(d.cpu_milli for d in demands),
             memory_bytes=sum(d.memory_bytes for d in demands),
@@ -176,7 +176,3 @@ class Preemptor:
 
 def _names(keys: Iterable[state_.GroupKey]) -> str:
     return ", ".join(names.key_text(k) for k in keys)
-
-
-def chosen_share(group: state_.GroupRecord) -> Mapping[str, capacity.Share]:
-    return placement.GroupRequest.from_spec(group.key, group.spec).share if group.spec is not None else {}

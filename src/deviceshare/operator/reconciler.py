@@ -99,6 +99,7 @@ class GroupReconciler:
             # Gone from the API (its finalizer removed by someone else): still never free devices under a pod.
             if allocation is not None and not on_devices:
                 ctx.ledger.release(gkey)
+                ctx.metrics.group_on_unhealthy(gkey, False)
                 self._forget_conflicts(gkey)
                 return True
             if allocation is not None:
@@ -116,6 +117,7 @@ class GroupReconciler:
             if names.GROUP_FINALIZER in group.finalizers:
                 await self._set_finalizers(group, [f for f in group.finalizers if f != names.GROUP_FINALIZER])
             released = ctx.ledger.release(gkey) is not None
+            ctx.metrics.group_on_unhealthy(gkey, False)
             self._forget_conflicts(gkey)
             if released:
                 ctx.event(group, "Released", "devices returned; no member pod runs on them any more")
@@ -206,6 +208,7 @@ class GroupReconciler:
             group.key, statuses.node_lost(group, why), uid=group.uid, resource_version=group.resource_version
         ))
         self.ctx.ledger.release(group.key)
+        self.ctx.metrics.group_on_unhealthy(group.key, False)
         self.ctx.event(group, "NodeLost", f"{why}; devices released, the group will be placed again", warning=True)
         return True
 
@@ -287,6 +290,8 @@ class GroupReconciler:
             ctx.metrics.nominations.set(len(kept))
         nomination = kept.by_group.get(gkey)
         nominated = None if nomination is None else nomination.node
+        unhealthy = statuses.unhealthy_held(allocation, ctx.ledger.node(allocation.node) if allocation else None)
+        ctx.metrics.group_on_unhealthy(gkey, unhealthy is not None)
         desired = statuses.reconciled(
             group, allocation, phase=phase, nominated=nominated,
             scheduled=statuses.scheduled(
@@ -295,6 +300,7 @@ class GroupReconciler:
             node_lost=node_lost, conflicting_with=ctx.conflicts.get(gkey, ()),
             # Not a pod the pre-bind member check refuses: its annotation names the group, but it is no member.
             members=statuses.member_names(ctx.state, group, ctx.config.env_names),
+            unhealthy=unhealthy,
         )
         current = group.status
         if statuses.unchanged(current, desired):
@@ -302,6 +308,9 @@ class GroupReconciler:
         if node_lost and not any(c.type == names.CONDITION_NODE_LOST for c in current.conditions):
             ctx.event(group, "NodeLost", f"{node_lost}; devices stay held while a member still runs there",
                       warning=True)
+        if unhealthy and not any(c.type == names.CONDITION_DEVICE_UNHEALTHY and c.message.startswith(unhealthy)
+                                 for c in current.conditions):
+            ctx.event(group, "DeviceUnhealthy", f"{unhealthy}; its pods keep running (not evicted)", warning=True)
         try:
             written = await ctx.api.patch_group_status(
                 gkey, desired, uid=group.uid, resource_version=group.resource_version

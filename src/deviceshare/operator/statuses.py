@@ -259,10 +259,12 @@ def reconciled(
     conflicting_with: Collection[state_.GroupKey],
     members: list[str],
     nominated: str | None = None,
+    unhealthy: str | None = None,
 ) -> StatusPatch:
     """The whole status as the ledger and the pods say it should be. ``phase`` overrides Bound/Pending
     (Releasing); ``node_lost``: why the node that holds the devices is lost while a member still runs
-    there; ``conflicting_with``: the other groups that claim some of its devices."""
+    there; ``conflicting_with``: the other groups that claim some of its devices; ``unhealthy``: the held
+    devices the node reports unhealthy (:func:`unhealthy_held`)."""
     gen = group.generation
     conds = condition(wire_conditions(group.status.conditions), names.CONDITION_SCHEDULED, *scheduled, gen)
     if node_lost:
@@ -280,6 +282,14 @@ def reconciled(
         )
     else:
         conds = without_condition(conds, names.CONDITION_CONFLICT)
+    if unhealthy:
+        conds = condition(
+            conds, names.CONDITION_DEVICE_UNHEALTHY, "True", "DeviceUnhealthy",
+            f"{unhealthy}; the group keeps its devices and deviceshare evicts none of its pods: delete and "
+            "recreate the group to be placed on healthy devices", gen,
+        )
+    else:
+        conds = without_condition(conds, names.CONDITION_DEVICE_UNHEALTHY)
     return {
         "phase": phase or (names.PHASE_BOUND if allocation is not None else names.PHASE_PENDING),
         "nodeName": allocation.node if allocation else None,
@@ -291,6 +301,19 @@ def reconciled(
         "conditions": conds,
         "nominatedNodeName": None if allocation is not None else nominated,
     }
+
+
+def unhealthy_held(allocation: ledgers.Allocation | None, node: inventory.NodeInfo | None) -> str | None:
+    """``node gpu-3 reports nvidia.com/gpu GPU-1 unhealthy``: the devices the group holds that its node reports
+    unhealthy (CONTRACT §9), or None."""
+    if allocation is None or node is None or not node.unhealthy:
+        return None
+    sick = [
+        f"{resource} {','.join(d for d in ids if d in node.unhealthy.get(resource, ()))}"
+        for resource, ids in sorted(allocation.devices.items())
+        if node.unhealthy.get(resource, frozenset()) & set(ids)
+    ]
+    return f"node {node.name} reports {'; '.join(sick)} unhealthy" if sick else None
 
 
 def unchanged(current: models.GroupStatus, desired: StatusPatch) -> bool:
