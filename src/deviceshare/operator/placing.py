@@ -59,6 +59,10 @@ class GroupPlacer:
         self, pod: state_.PodRecord, group: state_.GroupRecord, spec: models.GroupSpec
     ) -> Placed | NotPlaced:
         ctx = self.ctx
+        short = gang.waiting(spec.min_members, len(self.members(pod, group.key, spec)))
+        if short is not None:  # a gang short of members: nothing is written, nothing held
+            ctx.unschedulable[group.key] = short.message()
+            return NotPlaced(short.message())
         budget = await quotas.read(self.quotas, ctx.api, group.key[0])  # checked after the last await
         marked = await self._ensure_finalizer(group, spec)
         if marked is None:

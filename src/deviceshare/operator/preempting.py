@@ -61,16 +61,17 @@ class Preemptor:
         if not priority_.may_preempt(p.priority for p in pending):
             return f"{why} preemption: {preemption.NEVER}."
         priority = ctx.state.priority(group.key)
+        by_node = self.groups_by_node()
+        if not any(g.priorities and g.priorities[0] < priority for g in by_node.values()):
+            return why  # no group of lower priority anywhere: nothing to preempt, nothing to add
         request = placement.GroupRequest.from_spec(group.key, spec, mps=ctx.config.mps)
         members = pending if spec.min_members > 1 else [pod]
         demands = [m.demand for m in members[: gang.needed(spec.min_members)]]
         decision = preemption.decide(
-            ctx.ledger.snapshot(), request, demands, priority, self.groups_by_node(),
+            ctx.ledger.snapshot(), request, demands, priority, by_node,
             protected=self._protected_now(now), nominated=live,
         )
         if isinstance(decision, preemption.NoPreemption):
-            if set(decision.reasons) <= {preemption.NO_VICTIMS, preemption.NOT_HELPFUL}:
-                return why  # nothing of lower priority anywhere that could help: nothing to add
             return f"{why} {decision.message()}"
         changed = [v.key for v in decision.victims if ctx.state.priority(v.key) >= priority]
         if changed:  # a victim's priority rose since its node was filed (a new member): decide again later
@@ -93,8 +94,7 @@ class Preemptor:
             cpu_milli=sum(d.cpu_milli for d in demands),
             memory_bytes=sum(d.memory_bytes for d in demands),
         ))
-        ctx.metrics.nominations.set(len(ctx.nominations))
-        await self._nominate(group, decision.node, f"{why} {told}")
+        await self._nominate(group.key, decision.node, f"{why} {told}")
         ctx.event(group, "Preempting", f"{told} to make room for this group (priority {priority})")
         result = "evicted"
         for victim in decision.victims:
@@ -103,12 +103,20 @@ class Preemptor:
             outcome = await self._evict(victim.key, decision.node, group.key, priority)
             if outcome != "evicted":
                 result = outcome
+                ctx.preempted.pop(victim.key, None)  # it keeps running (a budget refused): no longer a victim
+        if result != "evicted":
+            # Not all the room will be freed: decide again on the next try (without the protected groups).
+            ctx.nominations = ctx.nominations.clear(group.key)
+        ctx.metrics.nominations.set(len(ctx.nominations))
         ctx.metrics.preemptions.labels(result).inc()
         ctx.metrics.preemption_victims.inc(len(decision.victims))
         return f"{why} {told}."
 
-    async def _nominate(self, group: state_.GroupRecord, node: str, message: str) -> None:
+    async def _nominate(self, key: state_.GroupKey, node: str, message: str) -> None:
         """``status.nominatedNodeName`` and ``Scheduled=False/Preempting``, conditional on what we hold."""
+        group = self.ctx.state.groups.get(key)
+        if group is None:
+            return
         try:
             self.ctx.state.keep(await self.ctx.api.patch_group_status(
                 group.key, statuses.nominated(group, node, message), uid=group.uid,

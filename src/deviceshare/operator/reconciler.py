@@ -295,7 +295,8 @@ class GroupReconciler:
         desired = statuses.reconciled(
             group, allocation, phase=phase, nominated=nominated,
             scheduled=statuses.scheduled(
-                allocation, unschedulable=ctx.unschedulable.get(gkey), skipped=skipped_why, nominated=nominated
+                allocation, unschedulable=ctx.unschedulable.get(gkey), skipped=skipped_why, nominated=nominated,
+                shown=group.status,
             ),
             node_lost=node_lost, conflicting_with=ctx.conflicts.get(gkey, ()),
             # Not a pod the pre-bind member check refuses: its annotation names the group, but it is no member.

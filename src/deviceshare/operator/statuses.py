@@ -155,13 +155,18 @@ def member_names(cluster: state_.ClusterState, group: state_.GroupRecord, env_na
     return [p.name for p in listed_members(cluster.live_members(group.key), group.spec, env_names)]
 
 
+# What happened to a group that holds nothing now: shown until something newer is known of it.
+_TOLD_UNTIL_PLACED = ("Preempted", "NodeLost")
+
+
 def scheduled(
     allocation: ledgers.Allocation | None, *, unschedulable: str | None = None, skipped: str | None = None,
-    nominated: str | None = None,
+    nominated: str | None = None, shown: models.GroupStatus | None = None,
 ) -> Scheduled:
     """Held devices say Bound; otherwise that a preemption makes room for it on ``nominated``, or the last
     reason it could not be placed (a gang short of members says ``WaitingForMembers``), or pods the webhook
-    never saw (``skipped``), or that it waits for its first pod."""
+    never saw (``skipped``), or what happened to it last (``shown``: it was preempted, its node was lost), or
+    that it waits for its first pod."""
     if allocation is not None:
         return Scheduled("True", "Bound", f"placed on node {allocation.node} with {describe_allocation(allocation)}")
     if nominated is not None:
@@ -172,6 +177,9 @@ def scheduled(
         return Scheduled("False", "Unschedulable", unschedulable)
     if skipped is not None:
         return Scheduled("False", "PodsSkippedWebhook", skipped)
+    last = next((c for c in shown.conditions if c.type == names.CONDITION_SCHEDULED), None) if shown else None
+    if last is not None and last.reason in _TOLD_UNTIL_PLACED:
+        return Scheduled(last.status, last.reason, last.message)
     return Scheduled("False", "WaitingForMembers",
                      "no member pod is waiting; the group is placed when its first pod is scheduled")
 
