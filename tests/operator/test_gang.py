@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from deviceshare.api import names
+from deviceshare.cli import explain, inspect
 from deviceshare.sandbox import Sandbox
 from tests.operator.conftest import RunningOperator
 from tests.operator.kube import Kube, scheduled_condition
@@ -48,6 +49,14 @@ async def test_a_gang_holds_nothing_until_its_last_member_and_then_binds_all_in_
     for pod in ("trainer-0", "evaluator"):
         got = await kube.wait_for(lambda p=pod: _unscheduled(kube, p), f"{pod} told why it waits")  # type: ignore[misc]
         assert got["message"] == "2/3 member pods exist" and not (await kube.pod(NS, pod))["spec"].get("nodeName")
+
+    # explain and inspect say so too.
+    said = await explain.run_async(str(cluster.kubeconfig), NS, "evaluator")
+    assert "Scheduler says (Unschedulable): 2/3 member pods exist" in said
+    assert any("gang (minMembers 3)" in line and "1 more to create" in line for line in said)
+    _, waiting_groups = await inspect.inspect(str(cluster.kubeconfig))
+    assert [(w.ref, w.reason, w.message) for w in waiting_groups] == [
+        (f"{NS}/trainer", "WaitingForMembers", "2/3 member pods exist")]
 
     # Nothing is held: the node's four GPUs all go to a probe group meanwhile.
     await kube.create_group(NS, "probe", {GPU: 4})
@@ -91,6 +100,9 @@ async def test_a_gang_whose_members_cannot_all_fit_one_nodes_cpu_binds_none_and_
         assert not (await kube.pod(NS, f"wide-{i}"))["spec"].get("nodeName")
     events = {e["reason"] for e in await kube.events(NS, "wide-0")}
     assert "FailedScheduling" in events
+    said = await explain.run_async(str(cluster.kubeconfig), NS, "wide-1")
+    assert any("ONE node with room for all 3 pods" in line for line in said)
+    assert any("lack the cpu the pod requests" in line for line in said)
 
 
 async def _unscheduled(kube: Kube, pod: str) -> dict[str, Any] | None:

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from deviceshare.api import names
+from deviceshare.cli import explain, inspect
 from deviceshare.sandbox import Sandbox
 from tests.operator.conftest import operator_config, start_operator
 from tests.operator.kube import Kube
@@ -136,6 +137,10 @@ async def test_the_room_kept_for_a_nominee_is_not_taken_by_an_equal_priority_gro
         )
         assert scheduled(nominated)["reason"] == "Preempting"
         assert (await kube.pod(NS, "a-0"))["metadata"].get("deletionTimestamp")  # evicted, still stopping
+        said = await explain.run_async(str(cluster.kubeconfig), NS, "urgent-0")
+        assert any(f"being evicted to make room (nominated node {node})" in line for line in said), said
+        _, waiting_groups = await inspect.inspect(str(cluster.kubeconfig))
+        assert (f"{NS}/urgent", "Preempting", node) in {(w.ref, w.reason, w.nominated) for w in waiting_groups}
         # An equal-priority group arrives while a leaves: it may not take the room, nor preempt the nominee.
         await member(kube, "rival", 2, "high")
         await kube.wait_for(lambda: _waits(kube, "rival-0"), "the rival told why it waits")
