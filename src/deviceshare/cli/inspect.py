@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TextIO
 
 from deviceshare.api import names, quantities
-from deviceshare.cli import linkview, shareview
+from deviceshare.cli import linkview, shareview, waitingview
 from deviceshare.core import capacity, inventory
 from deviceshare.core import topology as topologies
 
@@ -324,20 +324,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 async def inspect(
     kubeconfig: str | None, *, context: str | None = None, only: Sequence[str] | None = None
-) -> list[NodeDevices]:
+) -> tuple[list[NodeDevices], list[waitingview.Waiting]]:
+    """The device map (of ``only`` these nodes), and the groups that wait (all of them, with why)."""
     from deviceshare.kube import connecting
 
     async with await connecting.api_client(kubeconfig, context=context) as api:
         snap = await read_snapshot(api, pods=False)
     nodes = device_map(snap.nodes, snap.groups)
-    return [n for n in nodes if not only or n.name in only]
+    return [n for n in nodes if not only or n.name in only], waitingview.waiting(snap.groups)
 
 
 def run(args: argparse.Namespace) -> int:
     from deviceshare.kube import rest
 
     try:
-        nodes = asyncio.run(inspect(args.kubeconfig, context=args.context, only=args.node))
+        nodes, waiting = asyncio.run(inspect(args.kubeconfig, context=args.context, only=args.node))
     except rest.ApiError as e:
         print(f"deviceshare inspect: {e}", file=sys.stderr)
         return 1
@@ -348,8 +349,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"deviceshare inspect: no such shared node: {', '.join(args.node)}", file=sys.stderr)
         return 1
     if args.output == "json":
-        json.dump(to_json(nodes), sys.stdout, indent=2)
+        json.dump({**to_json(nodes), "waiting": waitingview.to_json(waiting)}, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         render_table(nodes, sys.stdout)
+        waitingview.render(waiting, sys.stdout)
     return 0

@@ -63,6 +63,12 @@ def needed(min_members: int) -> int:
     return max(1, min_members)
 
 
+def waiting(min_members: int, present: int) -> WaitingForMembers | None:
+    """Fewer than N member pods exist (the count alone, before any placement is tried): wait."""
+    n = needed(min_members)
+    return WaitingForMembers(present, n) if present < n else None
+
+
 def demand(pods: Sequence[inventory.PodDemand]) -> inventory.PodDemand:
     """One demand that fits a node exactly when all ``pods`` fit it together.
 
@@ -118,10 +124,10 @@ def permit(
     when the group's strategy has one), or says why no node takes them all, counted per node as
     kube-scheduler counts (``0/12 nodes are available: 7 insufficient cpu, ...``).
     """
-    n = needed(min_members)
-    if len(members) < n:
-        return WaitingForMembers(len(members), n)
-    chosen = tuple(members[:n])
+    short = waiting(min_members, len(members))
+    if short is not None:
+        return short
+    chosen = tuple(members[: needed(min_members)])
     together = demand([m.demand for m in chosen])
     decision = (
         placement.place_on(snapshot, request, together)

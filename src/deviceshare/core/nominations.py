@@ -43,6 +43,17 @@ class Nomination:
 
 
 @dataclass(frozen=True, slots=True)
+class Victim:
+    """A group whose members on ``node`` are being evicted to make room for the nominee ``by``: it takes no
+    new member meanwhile, and is released once they are gone (or left alone once ``expires`` has passed)."""
+
+    by: GroupKey
+    priority: int
+    node: str
+    expires: float  # on the caller's clock
+
+
+@dataclass(frozen=True, slots=True)
 class Nominations:
     """Every live nomination, one per group, indexed by node. Replace, never mutate."""
 

@@ -30,10 +30,15 @@ class PodPriority:
         return self.preemption_policy == NEVER
 
 
+UNSET = PodPriority()
+
+
 def of_pod(pod: Mapping[str, Any]) -> PodPriority:
     """A pod body's ``spec.priority`` and ``spec.preemptionPolicy``; anything malformed reads as unset."""
     spec = pod.get("spec")
     spec = spec if isinstance(spec, Mapping) else {}
+    if "priority" not in spec and "preemptionPolicy" not in spec:
+        return UNSET  # most pods: one shared record, nothing built per pod
     raw = spec.get("priority")
     value = raw if isinstance(raw, int) and not isinstance(raw, bool) else None
     policy = spec.get("preemptionPolicy")

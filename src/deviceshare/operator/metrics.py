@@ -47,6 +47,17 @@ class Metrics:
             "and the object read back told the outcome), failed, fenced (not sent: this replica is not the leader)",
             ["verb", "resource", "result"], registry=r,
         )
+        self.preemptions = Counter(
+            "deviceshare_preemptions",
+            "Preemptions carried out, by result: evicted (every victim pod evicted), refused (a "
+            "PodDisruptionBudget refused one), failed (an eviction's outcome is unknown)", ["result"], registry=r,
+        )
+        self.preemption_victims = Counter(
+            "deviceshare_preemption_victims", "Groups chosen as victims of a preemption", registry=r
+        )
+        self.nominations = Gauge(
+            "deviceshare_nominations", "Preemptors with room kept for them while their victims leave", registry=r
+        )
         self.api_retries = Counter(
             "deviceshare_api_retries", "Writes retried after a transient API error", registry=r
         )

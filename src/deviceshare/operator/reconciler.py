@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 from deviceshare.api import names
 from deviceshare.core import ledger as ledgers
+from deviceshare.core import nominations
 
 from . import state as state_
 from . import statuses, storage
@@ -89,6 +90,10 @@ class GroupReconciler:
         else:
             self._waiting_since.pop(gkey, None)
 
+        if group is None or group.deleting:  # a preemption for it, or of it, ends here
+            ctx.nominations = ctx.nominations.clear(gkey)
+            ctx.preempted.pop(gkey, None)
+
         if group is None:
             self._new_groups.pop(gkey, None)
             # Gone from the API (its finalizer removed by someone else): still never free devices under a pod.
@@ -121,6 +126,10 @@ class GroupReconciler:
 
         if names.GROUP_FINALIZER not in group.finalizers:
             group = await self._set_finalizers(group, [*group.finalizers, names.GROUP_FINALIZER])
+
+        victim = self._victim(gkey, allocation, bool(on_devices))
+        if victim is not None and not on_devices:
+            return await self._release_preempted(group, victim)
 
         node_lost: str | None = None
         if allocation is not None:
@@ -167,6 +176,31 @@ class GroupReconciler:
         if still:
             self._request_later(gkey, recheck)
         return still
+
+    def _victim(
+        self, gkey: state_.GroupKey, allocation: ledgers.Allocation | None, running: bool
+    ) -> nominations.Victim | None:
+        """The preemption whose victim the group is, while it applies: its devices on that node, and members
+        either gone or still being evicted (past ``expires`` those a PodDisruptionBudget kept are left alone)."""
+        victim = self.ctx.preempted.get(gkey)
+        if victim is None:
+            return None
+        if allocation is None or allocation.node != victim.node or (running and victim.expires <= time.monotonic()):
+            del self.ctx.preempted[gkey]
+            return None
+        return victim
+
+    async def _release_preempted(self, group: state_.GroupRecord, victim: nominations.Victim) -> bool:
+        """Every member evicted: Pending again, status first (conditional) then the ledger; the preemptor's
+        nomination keeps the room for it."""
+        why = f"preempted by {names.key_text(victim.by)} (priority {victim.priority}) on {victim.node}"
+        self.ctx.state.keep(await self.ctx.api.patch_group_status(
+            group.key, statuses.preempted(group, why), uid=group.uid, resource_version=group.resource_version
+        ))
+        self.ctx.ledger.release(group.key)
+        del self.ctx.preempted[group.key]
+        self._forget_conflicts(group.key)
+        return True
 
     async def _release_lost(self, group: state_.GroupRecord, why: str) -> bool:
         """The node is gone or NotReady and nothing runs there: Pending again, status first then ledger."""
@@ -250,11 +284,20 @@ class GroupReconciler:
                 return
         self._new_groups.pop(gkey, None)
         skipped_why = skipped_message(skipped, ctx.config.scheduler_name) if skipped else None
+        kept = ctx.nominations.live(time.monotonic())
+        if kept is not ctx.nominations:  # expired ones go
+            ctx.nominations = kept
+            ctx.metrics.nominations.set(len(kept))
+        nomination = kept.by_group.get(gkey)
+        nominated = None if nomination is None else nomination.node
         unhealthy = statuses.unhealthy_held(allocation, ctx.ledger.node(allocation.node) if allocation else None)
         ctx.metrics.group_on_unhealthy(gkey, unhealthy is not None)
         desired = statuses.reconciled(
-            group, allocation, phase=phase,
-            scheduled=statuses.scheduled(allocation, unschedulable=ctx.unschedulable.get(gkey), skipped=skipped_why),
+            group, allocation, phase=phase, nominated=nominated,
+            scheduled=statuses.scheduled(
+                allocation, unschedulable=ctx.unschedulable.get(gkey), skipped=skipped_why, nominated=nominated,
+                shown=group.status,
+            ),
             node_lost=node_lost, conflicting_with=ctx.conflicts.get(gkey, ()),
             # Not a pod the pre-bind member check refuses: its annotation names the group, but it is no member.
             members=statuses.member_names(ctx.state, group, ctx.config.env_names),

@@ -111,6 +111,7 @@ class Kubelet:
         self.delay = delay
         self._timers: dict[tuple[str, str], asyncio.TimerHandle] = {}
         self._stopping_now: set[tuple[str, str]] = set()
+        self._slow: dict[tuple[str, str], asyncio.Event] = {}  # pods whose containers take their time to stop
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pods = objects.catalog.lookup("pods")
         self._nodes = objects.catalog.lookup("nodes")
@@ -147,7 +148,17 @@ class Kubelet:
         if key in self._timers:
             self._timers.pop(key).cancel()  # it will not start now
         self._stopping_now.add(key)
+        slow = self._slow.get(key)
+        if slow is not None:  # they stop when told (the test's stand-in for a long SIGTERM handler)
+            stopped = self._loop.create_task(slow.wait())
+            stopped.add_done_callback(lambda _: self._finish(key, md.get("uid")))
+            return
         self._loop.call_later(self.delay, self._finish, key, md.get("uid"))
+
+    def slow_to_stop(self, namespace: str, name: str) -> asyncio.Event:
+        """The pod's containers, once asked to stop, keep running until the returned event is set: what a
+        process with a long SIGTERM handler does within its grace period (the pod stays Running, terminating)."""
+        return self._slow.setdefault((namespace, name), asyncio.Event())
 
     def _finish(self, key: tuple[str, str], uid: str | None) -> None:
         try:
