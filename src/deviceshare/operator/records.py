@@ -23,6 +23,7 @@ import pydantic
 from deviceshare.api import models, names
 from deviceshare.core import inventory
 from deviceshare.core import members as member_rules
+from deviceshare.core import priority as priority_
 
 GroupKey = tuple[str, str]
 PodKey = tuple[str, str]
@@ -47,6 +48,9 @@ class PodRecord:
     # What the member rules read of its containers (the same ones the webhook applies at CREATE).
     containers: tuple[member_rules.ContainerFacts, ...] = ()
     group_valid: bool = False  # ``group`` is a well-formed group name (never used in a path otherwise)
+    # spec.priority and spec.preemptionPolicy, as the API server's Priority admission set them (CONTRACT §8).
+    priority: priority_.PodPriority = priority_.UNSET
+    created: str = ""  # metadata.creationTimestamp: the queue's and a gang's order of arrival
     # The group we bound it into, by our own records (set by ClusterState, never read from the pod).
     member_of: str | None = None
 
@@ -118,6 +122,8 @@ def pod_record(body: Mapping[str, Any]) -> PodRecord:
         ),
         containers=containers,
         group_valid=group is not None and member_rules.group_name_problem(group) is None,
+        priority=priority_.of_pod(body),
+        created=str(meta.get("creationTimestamp") or ""),
     )
 
 

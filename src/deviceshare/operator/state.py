@@ -8,6 +8,7 @@ import dataclasses
 from collections.abc import Iterator, Mapping
 
 from deviceshare.api import names
+from deviceshare.core import priority as priority_
 
 from . import tallies
 from .records import (
@@ -144,6 +145,11 @@ class ClusterState:
     def live_members(self, group: GroupKey) -> list[PodRecord]:
         """Member pods not yet finished (pending ones included)."""
         return [p for p in self.members(group) if not p.terminated]
+
+    def priority(self, group: GroupKey) -> int:
+        """The group's priority: the highest ``spec.priority`` among its live member pods, 0 when none carries
+        one (CONTRACT §8)."""
+        return priority_.group_priority(p.priority for p in self.members(group) if not p.terminated)
 
     def members_on_devices(self, group: GroupKey) -> list[PodRecord]:
         return [p for p in self.members(group) if p.on_devices]

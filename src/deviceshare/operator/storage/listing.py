@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any, Protocol, TypeVar, overload
+from typing import Any, TypeVar, overload
 from urllib.parse import quote
 
 from deviceshare.api import names
 from deviceshare.kube import watching
 
 from .errors import Expired
+from .transport import Transport
 
 PAGE = 2000  # objects per page: ~3 MiB of pods, a handful of milliseconds to decode
 RESTARTS = 3
@@ -28,11 +29,7 @@ T = TypeVar("T")
 Body = dict[str, Any]
 
 
-class Reads(Protocol):
-    async def _call(self, method: str, path: str, what: str) -> Any: ...
-
-
-class Collections:
+class Collections(Transport):
     """Every node, pod and group, page by page; with ``transform``, each made into what it returns as its page
     arrives (``state.pod_record``, ``inventory.node_from_object``...), the bodies dropped page by page."""
 
@@ -41,64 +38,54 @@ class Collections:
     @overload
     async def list_nodes(self, transform: Callable[[Body], T]) -> watching.Listing[T]: ...
     async def list_nodes(self, transform: Callable[[Body], Any] | None = None) -> watching.Listing[Any]:
-        return await collection(self, "/api/v1/nodes", "list nodes", transform)  # type: ignore[arg-type]
+        return await self._list("/api/v1/nodes", "list nodes", transform)
 
     @overload
     async def list_pods(self) -> watching.Listing[Body]: ...
     @overload
     async def list_pods(self, transform: Callable[[Body], T]) -> watching.Listing[T]: ...
     async def list_pods(self, transform: Callable[[Body], Any] | None = None) -> watching.Listing[Any]:
-        return await collection(self, "/api/v1/pods", "list pods", transform)  # type: ignore[arg-type]
+        return await self._list("/api/v1/pods", "list pods", transform)
 
     @overload
     async def list_groups(self) -> watching.Listing[Body]: ...
     @overload
     async def list_groups(self, transform: Callable[[Body], T]) -> watching.Listing[T]: ...
     async def list_groups(self, transform: Callable[[Body], Any] | None = None) -> watching.Listing[Any]:
-        path = f"/apis/{names.API_VERSION}/{names.PLURAL}"
-        return await collection(self, path, "list shareddevicegroups", transform)  # type: ignore[arg-type]
+        return await self._list(f"/apis/{names.API_VERSION}/{names.PLURAL}", "list shareddevicegroups", transform)
 
+    async def _list(
+        self, path: str, what: str, transform: Callable[[Body], Any] | None = None, *, page: int = PAGE
+    ) -> watching.Listing[Any]:
+        """Every object at ``path`` (a collection), each through ``transform`` (``None``: kept as it is). The pages
+        in order; the next one is asked for as soon as a page arrives, so the server (another process) prepares
+        and sends it while this one makes records of the last. A 410 midway starts again, a few times at most."""
+        def ask(token: str | None) -> asyncio.Future[Any]:
+            query = f"?limit={page}" + (f"&continue={quote(token, safe='')}" if token else "")
+            return asyncio.ensure_future(self._call("GET", path + query, what))
 
-async def collection(
-    api: Reads, path: str, what: str, transform: Callable[[Body], Any] | None = None, *, page: int = PAGE
-) -> watching.Listing[Any]:
-    """Every object at ``path`` (a collection), each passed through ``transform`` (``None``: kept as it is)."""
-    for attempt in range(RESTARTS + 1):
-        try:
-            return await _pages(api, path, what, transform, page)
-        except Expired:
-            if attempt == RESTARTS:
-                raise
-    raise AssertionError("unreachable")
-
-
-async def _pages(
-    api: Reads, path: str, what: str, transform: Callable[[Body], Any] | None, page: int
-) -> watching.Listing[Any]:
-    """The pages in order; the next one is asked for as soon as a page arrives, so the server (another process)
-    prepares and sends it while this one makes records of the last."""
-    items: list[Any] = []
-    version: str | None = None
-
-    def ask(token: str | None) -> asyncio.Task[Any]:
-        query = f"?limit={page}" + (f"&continue={quote(token, safe='')}" if token else "")
-        return asyncio.ensure_future(api._call("GET", path + query, what))
-
-    pending = ask(None)
-    try:
-        while True:
-            data = await pending
-            meta = data.get("metadata") or {}
-            token = meta.get("continue") or None
-            if token:
-                pending = ask(token)
-            if version is None and meta.get("resourceVersion"):
-                version = str(meta["resourceVersion"])
-            found = data.get("items") or []
-            items.extend(found if transform is None else map(transform, found))
-            del data, found
-            if not token:
-                return watching.Listing(items, version)
-    finally:
-        if not pending.done():
-            pending.cancel()
+        for attempt in range(RESTARTS + 1):
+            items: list[Any] = []
+            version: str | None = None
+            pending = ask(None)
+            try:
+                while True:
+                    data = await pending
+                    meta = data.get("metadata") or {}
+                    token = meta.get("continue") or None
+                    if token:
+                        pending = ask(token)
+                    if version is None and meta.get("resourceVersion"):
+                        version = str(meta["resourceVersion"])
+                    found = data.get("items") or []
+                    items.extend(found if transform is None else map(transform, found))
+                    del data, found
+                    if not token:
+                        return watching.Listing(items, version)
+            except Expired:
+                if attempt == RESTARTS:
+                    raise
+            finally:
+                if not pending.done():
+                    pending.cancel()
+        raise AssertionError("unreachable")
