@@ -78,9 +78,12 @@ async def test_certificate_rotation_under_load_loses_no_pod(cluster: Any, kube: 
             except ApiException as e:
                 failures.append(f"p{i}: {e.status} {e.reason}")
 
-        async def load(first: int, count: int) -> None:
-            for batch in range(first, first + count, 10):
+        async def load(first: int, count: int, until: asyncio.Event | None = None) -> None:
+            """``count`` pods at least, in batches of 10; with ``until``, more batches until it is set."""
+            batch = first
+            while batch < first + count or (until is not None and not until.is_set()):
                 await asyncio.gather(*(create(i) for i in range(batch, batch + 10)))
+                batch += 10
 
         def set_ca_bundle(pem: bytes) -> None:
             cluster.patch("mutatingwebhookconfigurations", configuration.DEFAULT_NAME,
@@ -91,7 +94,9 @@ async def test_certificate_rotation_under_load_loses_no_pod(cluster: Any, kube: 
         # Each step waits for admission calls that read the previous configuration to finish, as a
         # rotation in a cluster waits for the CA bundle to propagate to every API server.
         propagation = 0.3
-        traffic = asyncio.get_running_loop().create_task(load(0, 120))
+        rotated = asyncio.Event()
+        # Pods keep coming until the rotation is over, however fast the machine creates them.
+        traffic = asyncio.get_running_loop().create_task(load(0, 120, until=rotated))
         await asyncio.sleep(0.1)
         set_ca_bundle(old.ca_pem + new.ca_pem)  # trust both while the key pair is swapped
         await asyncio.sleep(propagation)
@@ -99,12 +104,14 @@ async def test_certificate_rotation_under_load_loses_no_pod(cluster: Any, kube: 
         await workload.until(lambda: hook.reloader.generation >= 2, "the new certificate loaded")
         await asyncio.sleep(propagation)
         set_ca_bundle(new.ca_pem)
-        assert not traffic.done(), "the rotation must happen under load: make the load longer"
+        assert not traffic.done(), "the rotation must happen under load"
+        rotated.set()
         await traffic
-        await load(1000, 20)  # after the old CA is gone
+        during = len(created)
+        await load(10_000, 20)  # after the old CA is gone
 
         assert failures == []
-        assert len(created) == 140
+        assert during >= 120 and len(created) == during + 20
         for name in created:
             pod = cluster.get("pods", name, "load")
             assert pod["spec"]["schedulerName"] == names.DEFAULT_SCHEDULER_NAME, name  # mutated
