@@ -32,19 +32,32 @@ _SOURCES: dict[str, Path] = {}
 
 def source(rev: str = BASELINE) -> Path | None:
     """The ``src`` folder of ``rev`` (extracted once per process), or None where git or the commit is missing."""
+    tree = _tree(rev)
+    return None if tree is None else tree / "src"
+
+
+def crds(rev: str = BASELINE) -> Path | None:
+    """The ``crds`` folder of ``rev``: the schema today's operator was written for (a sandbox serving today's
+    operator serves it, since a newer schema defaults fields that today's models refuse)."""
+    tree = _tree(rev)
+    return None if tree is None else tree / "crds"
+
+
+def _tree(rev: str) -> Path | None:
+    """``src`` and ``crds`` of ``rev``, extracted once per process."""
     if rev in _SOURCES:
         return _SOURCES[rev]
     target = Path(tempfile.gettempdir()) / f"deviceshare-baseline-{rev}"
-    if not (target / "src" / "deviceshare").is_dir():
+    if not (target / "src" / "deviceshare").is_dir() or not (target / "crds").is_dir():
         target.mkdir(parents=True, exist_ok=True)
         try:
-            archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "src"], capture_output=True,
+            archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "src", "crds"], capture_output=True,
                                      check=True, timeout=60).stdout
             subprocess.run(["tar", "-x", "-C", str(target)], input=archive, check=True, timeout=60)
         except (OSError, subprocess.SubprocessError):
             return None
-    _SOURCES[rev] = target / "src"
-    return _SOURCES[rev]
+    _SOURCES[rev] = target
+    return target
 
 
 def free_port() -> int:

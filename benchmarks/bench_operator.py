@@ -238,6 +238,17 @@ Targets: at least {TARGET_RATE:.0f} pods bound/s end to end — {_ok(complete an
 p99 create→bound under {TARGET_P99:.0f} s — {_ok(complete and p99 < TARGET_P99)}. Of the three processes' CPU in
 the *now* runs, the sandbox's own is {100 * sandbox_share:.0f}% (median).
 Events posted, by reason: {said}.
+
+What today's CPU went to, and what was cut (issue 24; the py-spy table below shows both): two API writes per
+group that are gone (the finalizer, now set by the webhook in the group's CREATE, and the group's `Bound` event,
+now told by its status); every request through kubernetes_asyncio's `call_api` and aiohttp's general-purpose
+client (a body walked by its model serializer, a task per request body, cookies, tracing), now a request written
+as one buffer on kept-alive HTTP/1.1 connections of our own (`kube/http1.py`); JSON by the standard library, now
+orjson; watch events parsed again although the operator held that version already (our own write's answer), now
+skipped; a group's spec validated by pydantic at every event, now once per distinct spec; a pod's demand and
+member facts read at every event, now once per distinct shape; a member's annotations and env names resolved at
+every binding and reconcile, now once per allocation; a reconcile at every Pending→Running. What remains is the
+scheduling cycle itself, the watches, and the writes' own fencing, counting and HTTP.
 {profile}"""
 
 

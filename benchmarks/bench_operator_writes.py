@@ -111,8 +111,10 @@ async def measure(mode: str, groups: int, pods_per_group: int, nodes: int) -> Re
     apiserver._REQUEST_LOG_LIMIT = 10**7  # keep every request of the run
     try:
         with tempfile.TemporaryDirectory(prefix="bench-writes-") as tmp:
+            # Today's operator on today's CRD (a newer schema defaults fields its models refuse).
             async with Sandbox(nodes=nodes, gpus=8, kubelet_delay=0.01, kubeconfig_path=Path(tmp) / "kubeconfig",
-                               bookmark_interval=1.0) as sandbox, _install(sandbox, Path(tmp), mode):
+                               bookmark_interval=1.0, crds=baseline.crds() if mode == "today" else None) as sandbox, \
+                    _install(sandbox, Path(tmp), mode):
                 sandbox.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
                 operator = baseline.OperatorProcess(sandbox.kubeconfig, src=src)
                 await asyncio.to_thread(operator.start)

@@ -140,7 +140,8 @@ async def placement(quick: bool, mode: str = "now", spy: Path | None = None) -> 
     src = baseline.source() if mode == "today" else None
     with tempfile.TemporaryDirectory(prefix="bench-operator-") as tmp:
         kubeconfig = Path(tmp) / "kubeconfig"
-        sandbox = sandbox_child(s, False, kubeconfig)
+        # Today's operator on today's CRD (a newer schema defaults fields its models refuse).
+        sandbox = sandbox_child(s, False, kubeconfig, crds=baseline.crds() if mode == "today" else None)
         sandbox_proc = sandbox.start(120)
         operator = baseline.OperatorProcess(kubeconfig, src=src)
         try:

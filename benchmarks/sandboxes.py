@@ -43,13 +43,14 @@ class Sizes:
 def _sandbox_main(
     sizes: Sizes, prepopulate: bool, kubeconfig: str, ready: multiprocessing.synchronize.Event,
     stop: multiprocessing.synchronize.Event, results: Any, profile_path: str | None = None,
+    crds: str | None = None,
 ) -> None:
     profiler = cProfile.Profile() if profile_path else None
     if profiler is not None:
         profiler.enable()
     try:
         with asyncio.Runner(loop_factory=loops.event_loop_factory()) as runner:  # as `deviceshare sandbox`
-            runner.run(_serve_sandbox(sizes, prepopulate, Path(kubeconfig), ready, stop))
+            runner.run(_serve_sandbox(sizes, prepopulate, Path(kubeconfig), ready, stop, crds))
     finally:
         if profiler is not None and profile_path:
             profiler.disable()
@@ -58,11 +59,12 @@ def _sandbox_main(
 
 async def _serve_sandbox(
     sizes: Sizes, prepopulate: bool, kubeconfig: Path, ready: multiprocessing.synchronize.Event,
-    stop: multiprocessing.synchronize.Event,
+    stop: multiprocessing.synchronize.Event, crds: str | None = None,
 ) -> None:
     from deviceshare.sandbox import Sandbox
 
-    sandbox = Sandbox(nodes=sizes.nodes, gpus=sizes.gpus, kubelet_delay=0.5, kubeconfig_path=kubeconfig)
+    sandbox = Sandbox(nodes=sizes.nodes, gpus=sizes.gpus, kubelet_delay=0.5, kubeconfig_path=kubeconfig,
+                      crds=Path(crds) if crds else None)
     sandbox.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
     if prepopulate:
         populate_bound(sandbox, sizes)
@@ -142,8 +144,11 @@ class Child:
             self.process.join(5)
 
 
-def sandbox_child(sizes: Sizes, prepopulate: bool, kubeconfig: Path, profile_path: str | None = None) -> Child:
-    return Child(_sandbox_main, sizes, prepopulate, str(kubeconfig), extra=(profile_path,))
+def sandbox_child(
+    sizes: Sizes, prepopulate: bool, kubeconfig: Path, profile_path: str | None = None, crds: Path | None = None
+) -> Child:
+    """``crds``: the CRD folder to serve (the repository's when None)."""
+    return Child(_sandbox_main, sizes, prepopulate, str(kubeconfig), extra=(profile_path, str(crds) if crds else None))
 
 
 def cpu_seconds(proc: psutil.Process) -> float:
