@@ -93,7 +93,7 @@ async def test_generated_groups_are_refused_clearly_or_handled(cluster: Any, wat
         assert accepted and refusals, f"the generator must produce both valid and invalid groups: {refusals[:5]}"
         # Every accepted group is answered: its pod bound, or a PodScheduled=False with a reason.
         for name in accepted:
-            await workload.until(lambda: answered(cluster, f"{name}-0"), f"an answer for group {name}", 20)  # noqa: B023
+            await workload.until(lambda: answered(cluster, f"{name}-0"), f"an answer for group {name}")  # noqa: B023
         assert running.alive
     finally:
         await kill(running)

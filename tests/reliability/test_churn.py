@@ -144,7 +144,7 @@ async def churn(
 
         # Quiet: everything deleted; every group must be released and gone, no finalizer left behind.
         try:
-            await workload.until(lambda: not cluster.list(names.PLURAL, NS), "every group released and gone", 30)
+            await workload.until(lambda: not cluster.list(names.PLURAL, NS), "every group released and gone")
         except AssertionError:
             for g in cluster.list(names.PLURAL, NS):
                 md = g["metadata"]

@@ -53,7 +53,7 @@ def setup(cluster: Any) -> None:
 
 async def leader_and_standby(cluster: Any) -> tuple[Replica, Replica]:
     first = await replica(cluster, "replica-a")
-    await workload.until(lambda: holder(cluster) == "replica-a", "the first replica leads", 10)
+    await workload.until(lambda: holder(cluster) == "replica-a", "the first replica leads")
     second = await replica(cluster, "replica-b")
     await workload.until(lambda: first.runtime is not None and first.runtime.scheduling, "the leader schedules")
     return first, second
@@ -90,7 +90,7 @@ async def test_the_standby_takes_over_mid_placement_without_double_allocation(
         cluster.create(workload.pod_body(NS, "partner-0", "partner"))
         cluster.create(workload.group_body(NS, "third", {workload.GPU: 1}))
         cluster.create(workload.pod_body(NS, "third-0", "third"))
-        await workload.until(lambda: len(workload.bound_pods(cluster, NS)) == 5, "the standby bound the rest", 30)
+        await workload.until(lambda: len(workload.bound_pods(cluster, NS)) == 5, "the standby bound the rest")
         assert holder(cluster) == "replica-b" and lease(cluster)["leaseTransitions"] == 1
         assert time.monotonic() - killed >= LEASE_DURATION - RETRY_PERIOD, "took over an unexpired Lease"
         await asyncio.sleep(0.5)
@@ -112,10 +112,10 @@ async def test_two_replicas_started_at_the_same_moment_exactly_one_leads(
     setup(cluster)
     replicas = list(await asyncio.gather(replica(cluster, "replica-0"), replica(cluster, "replica-1")))
     try:
-        await workload.until(lambda: holder(cluster), "one replica holds the Lease", 10)
+        await workload.until(lambda: holder(cluster), "one replica holds the Lease")
         cluster.create(workload.group_body(NS, "g", {workload.GPU: 2}))
         cluster.create(workload.pod_body(NS, "g-0", "g"))
-        await workload.until(lambda: workload.bound_pods(cluster, NS), "the leader schedules", 15)
+        await workload.until(lambda: workload.bound_pods(cluster, NS), "the leader schedules")
         await asyncio.sleep(3 * RETRY_PERIOD)  # several election rounds: nobody flips
         scheduling = [r.config.identity for r in replicas if r.runtime is not None and r.runtime.scheduling]
         assert scheduling == [holder(cluster)]
@@ -125,7 +125,7 @@ async def test_two_replicas_started_at_the_same_moment_exactly_one_leads(
         started = time.monotonic()
         await leader.stop()
         cluster.create(workload.pod_body(NS, "g-1", "g"))
-        await workload.until(lambda: len(workload.bound_pods(cluster, NS)) == 2, "the other schedules", 15)
+        await workload.until(lambda: len(workload.bound_pods(cluster, NS)) == 2, "the other schedules")
         assert holder(cluster) == other.config.identity
         assert time.monotonic() - started < LEASE_DURATION, "the successor waited for expiry: no release"
     finally:
@@ -155,7 +155,7 @@ async def test_a_partitioned_leader_stops_placing_within_its_renew_deadline(
         assert not standby.runtime.scheduling
         # The partition heals: one replica leads again, rebuilds, and places the waiting pod.
         cluster.clear_faults()
-        await workload.until(lambda: len(workload.bound_pods(cluster, NS)) == 2, "a leader places again", 20)
+        await workload.until(lambda: len(workload.bound_pods(cluster, NS)) == 2, "a leader places again")
         invariants.assert_no_double_allocation(invariants.from_sandbox(cluster))
     finally:
         for r in (active, standby):
@@ -179,7 +179,7 @@ async def test_a_leader_whose_lease_is_taken_stops_placing_within_its_renew_dead
         await asyncio.sleep(1.0)
         assert workload.bound_pods(cluster, NS) == [], "a replica placed while another held the Lease"
         # The intruder never renews: once its Lease expires a replica takes over and places the pod.
-        await workload.until(lambda: workload.bound_pods(cluster, NS), "a replica takes over", 20)
+        await workload.until(lambda: workload.bound_pods(cluster, NS), "a replica takes over")
         assert holder(cluster) in {"replica-a", "replica-b"}
     finally:
         for r in (active, standby):

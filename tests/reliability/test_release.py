@@ -46,8 +46,8 @@ async def test_a_deleted_groups_devices_are_not_reused_while_the_api_still_shows
         cluster.delete("pods", "old-0", NS)
         cluster.delete(names.PLURAL, "old", NS)
         await workload.until(lambda: fault.fired, "the finalizer removal in flight")
-        await workload.until(lambda: cluster.get(names.PLURAL, "old", NS) is None, "the old group gone", 10)
-        await workload.until(lambda: workload.bound_pods(cluster, NS), "new-0 bound after the old group went", 10)
+        await workload.until(lambda: cluster.get(names.PLURAL, "old", NS) is None, "the old group gone")
+        await workload.until(lambda: workload.bound_pods(cluster, NS), "new-0 bound after the old group went")
     finally:
         await kill(running)
         await watchdog.stop()
@@ -109,11 +109,11 @@ async def test_a_pod_deletion_lost_in_a_watch_relist_does_not_hold_the_devices(c
         cluster.drop_watches()
         cluster.resume_watches()
         cluster.delete(names.PLURAL, "ghost", NS)
-        await workload.until(lambda: cluster.get(names.PLURAL, "ghost", NS) is None, "the group released and gone", 10)
+        await workload.until(lambda: cluster.get(names.PLURAL, "ghost", NS) is None, "the group released and gone")
         # And the devices are free again: a group wanting both is placed.
         cluster.create(workload.group_body(NS, "next", {workload.GPU: 2}))
         cluster.create(workload.pod_body(NS, "next-0", "next"))
-        await workload.until(lambda: workload.bound_pods(cluster, NS), "next-0 bound", 10)
+        await workload.until(lambda: workload.bound_pods(cluster, NS), "next-0 bound")
     finally:
         await kill(running)
 
@@ -134,7 +134,7 @@ async def test_a_group_force_deleted_during_a_watch_relist_gives_its_devices_bac
         cluster.resume_watches()
         cluster.create(workload.group_body(NS, "next", {workload.GPU: 2}))
         cluster.create(workload.pod_body(NS, "next-0", "next"))
-        await workload.until(lambda: workload.bound_pods(cluster, NS), "next-0 bound on the freed devices", 10)
+        await workload.until(lambda: workload.bound_pods(cluster, NS), "next-0 bound on the freed devices")
         missed = running.memo.runtime.ctx.metrics.missed_deletions
         assert missed.labels("group")._value.get() == 1
         assert missed.labels("pod")._value.get() == 1
@@ -157,7 +157,7 @@ async def test_the_audit_finds_a_group_deleted_while_its_watch_hangs(cluster: An
         cluster.delete(names.PLURAL, "hidden", NS)
         cluster.create(workload.group_body(NS, "next", {workload.GPU: 2}))
         cluster.create(workload.pod_body(NS, "next-0", "next"))
-        await workload.until(lambda: workload.bound_pods(cluster, NS), "next-0 bound on the freed devices", 10)
+        await workload.until(lambda: workload.bound_pods(cluster, NS), "next-0 bound on the freed devices")
         assert running.memo.runtime.ctx.metrics.missed_deletions.labels("group")._value.get() == 1
     finally:
         cluster.clear_faults()
@@ -192,7 +192,7 @@ async def test_a_member_is_read_again_while_the_pod_watch_hangs(cluster: Any) ->
         await asyncio.sleep(0.3)  # the pod watch is back, hanging; the group watch is live
         cluster.delete("pods", "hung-0", NS)
         cluster.delete(names.PLURAL, "hung", NS)
-        await workload.until(lambda: cluster.get(names.PLURAL, "hung", NS) is None, "the group released and gone", 10)
+        await workload.until(lambda: cluster.get(names.PLURAL, "hung", NS) is None, "the group released and gone")
         assert running.memo.runtime.ctx.metrics.missed_deletions.labels("pod")._value.get() == 1
     finally:
         cluster.clear_faults()

@@ -51,7 +51,7 @@ async def test_a_kill_mid_burst_loses_no_share_and_doubles_none(
     cluster.clear_faults()
     second = await launch(operator_config(cluster))
     try:
-        await workload.until(lambda: len(bound(cluster)) == 8, "8 of the 10 groups placed after the restart", 20)
+        await workload.until(lambda: len(bound(cluster)) == 8, "8 of the 10 groups placed after the restart")
         await asyncio.sleep(0.5)
         assert len(bound(cluster)) == 8, "more compute handed out than the 2 GPUs have"
         snap = invariants.from_sandbox(cluster)

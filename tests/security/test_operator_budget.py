@@ -73,7 +73,7 @@ async def test_two_groups_created_at_once_are_not_both_placed_beyond_the_quota(s
     # The winner goes: its devices leave the namespace's budget and the loser is placed.
     await kube.delete_pod("team-a", f"{winner}-0")
     await kube.delete_group("team-a", winner)
-    await kube.wait_bound("team-a", f"{loser}-0", timeout=15)
+    await kube.wait_bound("team-a", f"{loser}-0")
     assert_safe(system)
 
 

@@ -55,7 +55,7 @@ async def test_unjoin_and_forge_on_a_running_member_is_undone_and_the_group_keep
     # The member ends: only now are a's devices released and b placed.
     await kube.delete_pod("team-a", "a-0")
     system.bound_with.pop(("team-a", "a-0"))
-    await kube.wait_bound("team-b", "b-0", timeout=15)
+    await kube.wait_bound("team-b", "b-0")
     assert_safe(system)
 
 

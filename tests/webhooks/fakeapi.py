@@ -18,6 +18,7 @@ from typing import Any
 from aiohttp import web
 
 from deviceshare.api import names
+from tests import waiting
 
 PODS = "pods"
 GROUPS = names.PLURAL
@@ -153,11 +154,9 @@ class FakeApi:
         return resp
 
 
-async def until(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
+async def until(condition: Callable[[], bool], timeout_s: float = waiting.HANG_GUARD) -> None:
     """Wait for state that a watch or a reload changes in the background (no event to wait on)."""
-    async with asyncio.timeout(timeout_s):
-        while not condition():
-            await asyncio.sleep(0.005)
+    await waiting.until(condition, "a state changed in the background", timeout=timeout_s, interval=0.005)
 
 
 def group(namespace: str, name: str, resources: dict[str, int] | None = None, **spec: Any) -> dict[str, Any]:

@@ -112,17 +112,19 @@ class ApiServer(kmock.KubernetesScaffold):
                 return response
             except NotImplementedError:
                 pass
+        fault = self.faults.take(str(request.method.value), request.url.path)
         try:
-            fault = self.faults.take(str(request.method.value), request.url.path)
             if fault is not None:
-                if fault.delay:
-                    await asyncio.sleep(fault.delay)
+                await fault.pause()
                 error = fault.error()
                 if error is not None:
                     raise error
-            return await self._serve(request)
+            response = await self._serve(request)
         except errors.ApiError as e:
-            return _json(e.status(), e.code, e.headers)
+            response = _json(e.status(), e.code, e.headers)
+        if fault is not None:
+            fault.answered.append(response.status)
+        return response
 
     async def _serve(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
         path = request.url.path.rstrip("/") or "/"

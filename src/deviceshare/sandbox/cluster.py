@@ -132,6 +132,7 @@ class Sandbox:
         if self.deployments is not None:
             self.deployments.stop()
         self.store.close_watches()
+        self.api.faults.clear()  # no request stays held past the end
         if self._server is not None:
             await self._server.__aexit__(exc_type, exc, tb)
             self._server = None
@@ -296,8 +297,10 @@ class Sandbox:
         retry_after: float | None = None,
         delay: float = 0.0,
         message: str = "injected fault",
+        hold: bool = False,
     ) -> faults.Fault:
-        """Make the next ``times`` requests of ``method`` whose path matches ``path`` fail or wait."""
+        """Make the next ``times`` requests of ``method`` whose path matches ``path`` fail or wait; with
+        ``hold``, each waits in flight until ``fault.release()`` (or ``clear_faults()``)."""
         return self.api.faults.add(
             faults.Fault(
                 method.upper() if method else None,
@@ -307,11 +310,19 @@ class Sandbox:
                 retry_after,
                 delay,
                 message,
+                hold=hold,
             )
         )
 
     def clear_faults(self) -> None:
+        """Remove every fault; the requests held by one go through."""
         self.api.faults.clear()
+
+    def open_watches(self, kind_or_plural: str | None = None) -> int:
+        """Watch streams open now (of one resource type, or all): what a test waits for before it
+        changes something a watcher must see on its stream rather than in its first list."""
+        key = None if kind_or_plural is None else self.store.rtype(kind_or_plural).key
+        return self.store.open_watches(key)
 
     def drop_watches(self) -> int:
         """Close every open watch stream; clients must re-watch (from their last resourceVersion)."""

@@ -1,12 +1,16 @@
-"""Scripted API failures for fault tests: the next N matching requests fail or are slowed down.
+"""Scripted API failures for fault tests: the next N matching requests fail, are slowed down or held.
 
 A fault matches on the HTTP method and a regular expression searched in the path (query
 excluded). It answers a real ``Status`` error (409, 429 with ``Retry-After``, 500, ...) and/or
-delays the request first; once it has fired ``times`` times it is spent.
+delays the request first; once it has fired ``times`` times it is spent. A held fault keeps each
+request it fired on in flight until :meth:`Fault.release` (a test kills a client while its request
+is held, then lets the request land), and ``answered`` records the status each one got, so a test
+waits for the answer instead of for "long enough".
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import re
 from typing import Any
@@ -37,6 +41,20 @@ class Fault:
     delay: float = 0.0
     message: str = "injected fault"
     fired: int = 0
+    hold: bool = False  # held after the delay until release()
+    answered: list[int] = dataclasses.field(default_factory=list)  # the status each fired request got
+    _released: asyncio.Event = dataclasses.field(default_factory=asyncio.Event, repr=False)
+
+    def release(self) -> None:
+        """Let the held requests (and every later one) through."""
+        self._released.set()
+
+    async def pause(self) -> None:
+        """What a fired request waits for before it is answered: the delay, then the hold."""
+        if self.delay:
+            await asyncio.sleep(self.delay)
+        if self.hold:
+            await self._released.wait()
 
     def matches(self, method: str, path: str) -> bool:
         spent = self.times is not None and self.fired >= self.times
@@ -65,6 +83,9 @@ class Faults:
         return fault
 
     def clear(self) -> None:
+        """Remove every fault; requests they hold go through."""
+        for fault in self._faults:
+            fault.release()
         self._faults.clear()
 
     def take(self, method: str, path: str) -> Fault | None:
