@@ -92,11 +92,16 @@ class Replica:
         assert not self._thread.is_alive(), "the operator thread did not end"
 
     async def kill(self) -> None:
-        """Die like a killed process: every task cancelled in the same tick, no cleanup handlers run."""
+        """Die like a killed process: its connections cut and every task cancelled in the same tick.
+
+        A request already sent is on the wire and still lands (the sandbox serves it to the end); nothing
+        the dying code tries later (a roll-back in an ``except``, a clean-up handler) reaches the API.
+        """
         if not self.alive:
             return
 
         def cancel_everything() -> None:
+            self._cut_connections()
             # Again and again: whatever the dying code spawns or shields is cut too, as by SIGKILL.
             tasks = asyncio.all_tasks(self.loop)
             for t in tasks:
@@ -107,6 +112,16 @@ class Replica:
         with contextlib.suppress(RuntimeError):  # the loop already closed
             self.loop.call_soon_threadsafe(cancel_everything)
         await self._join(10)
+
+    def _cut_connections(self) -> None:
+        """Close the operator's API connections now, from its own loop: what the OS does at a kill."""
+        runtime = self.runtime
+        if runtime is None:
+            return
+        session = runtime.ctx.api._client.rest_client.pool_manager  # kubernetes_asyncio's aiohttp session
+        # The synchronous part of TCPConnector.close(): every transport closed now, and any later request
+        # fails to connect ("Connector is closed"), without giving the dying loop a turn first.
+        session.connector._close()
 
     async def stop(self) -> None:
         """The graceful stop (SIGTERM): Kopf runs the cleanup handlers."""

@@ -65,6 +65,7 @@ class ApiServer(kmock.KubernetesScaffold):
         self.admission = webhooks
         self.users = dict(identity.DEFAULT_TOKENS if users is None else users)  # bearer token -> user
         self.faults = faults.Faults()
+        self._faulted_requests: set[asyncio.Task[aiohttp.web.StreamResponse]] = set()
         self.bookmark_interval = bookmark_interval
         self.watches_gone = 0  # watches answered 410 Gone (for tests of client recovery)
         self.flowing = asyncio.Event()
@@ -113,18 +114,28 @@ class ApiServer(kmock.KubernetesScaffold):
             except NotImplementedError:
                 pass
         fault = self.faults.take(str(request.method.value), request.url.path)
-        try:
-            if fault is not None:
-                await fault.pause()
-                error = fault.error()
-                if error is not None:
-                    raise error
-            response = await self._serve(request)
-        except errors.ApiError as e:
-            response = _json(e.status(), e.code, e.headers)
-        if fault is not None:
-            fault.answered.append(response.status)
+        if fault is None:
+            return await self._served(request)
+        # A request already sent lands even if its client goes away while it is delayed or held (the
+        # last write of a killed process): it is served in a task of its own, which the client's
+        # disconnect, cancelling this handler, does not cancel.
+        served = asyncio.get_running_loop().create_task(self._faulted(fault, request))
+        self._faulted_requests.add(served)
+        served.add_done_callback(self._faulted_requests.discard)
+        return await asyncio.shield(served)
+
+    async def _faulted(self, fault: faults.Fault, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        await fault.pause()
+        error = fault.error()
+        response = _json(error.status(), error.code, error.headers) if error else await self._served(request)
+        fault.answered.append(response.status)
         return response
+
+    async def _served(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        try:
+            return await self._serve(request)
+        except errors.ApiError as e:
+            return _json(e.status(), e.code, e.headers)
 
     async def _serve(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
         path = request.url.path.rstrip("/") or "/"
