@@ -8,7 +8,6 @@ conflict on two healthy groups.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import pytest
@@ -39,13 +38,21 @@ async def test_a_deleted_groups_devices_are_not_reused_while_the_api_still_shows
             lambda: names.GROUP_FINALIZER in (cluster.get(names.PLURAL, "old", NS)["metadata"].get("finalizers") or []),
             "the finalizer on the old group",
         )
-        # The finalizer removal is slow to land; the successor is waiting for the node's two devices.
-        fault = cluster.inject_fault("PATCH", rf"/namespaces/{NS}/{names.PLURAL}/old$", delay=1.0)
+        # The finalizer removal is held in flight; the successor is waiting for the node's two devices.
+        fault = cluster.inject_fault("PATCH", rf"/namespaces/{NS}/{names.PLURAL}/old$", hold=True)
         cluster.create(workload.group_body(NS, "new", {workload.GPU: 2}))
         cluster.create(workload.pod_body(NS, "new-0", "new"))
+        await workload.until(lambda: workload.failed_scheduling(cluster, NS, "new-0"), "new-0 told it waits")
         cluster.delete("pods", "old-0", NS)
         cluster.delete(names.PLURAL, "old", NS)
         await workload.until(lambda: fault.fired, "the finalizer removal in flight")
+        # While it is held, the successor is decided again (the periodic retry of waiting pods) and must
+        # still wait: the API shows the old claim. Had the devices been freed first, it would be bound now.
+        tried = workload.failed_scheduling(cluster, NS, "new-0")
+        await workload.until(lambda: workload.failed_scheduling(cluster, NS, "new-0") > tried,
+                             "new-0 decided again while the finalizer removal is in flight")
+        assert not workload.bound_pods(cluster, NS) and fault.answered == []
+        fault.release()
         await workload.until(lambda: cluster.get(names.PLURAL, "old", NS) is None, "the old group gone")
         await workload.until(lambda: workload.bound_pods(cluster, NS), "new-0 bound after the old group went")
     finally:
@@ -60,13 +67,16 @@ async def test_a_group_deleted_during_its_placement_is_no_error(
     workload.ensure_namespace(cluster, NS)
     running = await launch(operator_config(cluster))
     try:
-        fault = cluster.inject_fault("PATCH", rf"/namespaces/{NS}/{names.PLURAL}/gone/status$", delay=0.5)
+        fault = cluster.inject_fault("PATCH", rf"/namespaces/{NS}/{names.PLURAL}/gone/status$", hold=True)
         cluster.create(workload.group_body(NS, "gone", {workload.GPU: 1}))
         cluster.create(workload.pod_body(NS, "gone-0", "gone"))
-        await workload.until(lambda: fault.fired, "the placement's status write in flight", 10, 0.005)
+        await workload.until(lambda: fault.fired, "the placement's status write in flight")
         # An admin force-deletes the group (finalizers cleared) while the write is in flight.
         cluster.patch(names.PLURAL, "gone", {"metadata": {"finalizers": None}}, NS)
         cluster.delete(names.PLURAL, "gone", NS)
+        fault.release()
+        await workload.until(lambda: fault.answered, "the status write answered")
+        assert fault.answered == [404]  # it reached a group already gone
         await workload.until(
             lambda: "not found" in str(
                 ((cluster.get("pods", "gone-0", NS) or {}).get("status") or {}).get("conditions")),
@@ -149,9 +159,10 @@ async def test_the_audit_finds_a_group_deleted_while_its_watch_hangs(cluster: An
     running = await launch(operator_config(cluster, audit_interval=0.5))
     try:
         await place_and_settle(cluster, "hidden")
-        cluster.inject_fault("GET", rf"^/apis/{names.GROUP}/{names.VERSION}/{names.PLURAL}$", delay=60.0, times=1)
+        hung = cluster.inject_fault("GET", rf"^/apis/{names.GROUP}/{names.VERSION}/{names.PLURAL}$", hold=True)
         cluster.drop_watches()
-        await asyncio.sleep(0.3)  # the group watch is back, hanging; the pod watch is live
+        await workload.until(lambda: hung.fired and cluster.open_watches("pods"),
+                             "the group watch back but hanging, the pod watch live")
         cluster.delete("pods", "hidden-0", NS)
         cluster.patch(names.PLURAL, "hidden", {"metadata": {"finalizers": None}}, NS)
         cluster.delete(names.PLURAL, "hidden", NS)
@@ -174,7 +185,13 @@ async def place_and_settle(cluster: Any, group: str) -> None:
         and (cluster.get(names.PLURAL, group, NS).get("status") or {}).get("members") == [f"{group}-0"],
         "the finalizer and a Bound status on the group",
     )
-    await asyncio.sleep(0.2)
+
+    def reasons(name: str) -> set[str]:
+        return {e["reason"] for e in cluster.list("events", NS) if e["involvedObject"]["name"] == name}
+
+    # The placement's last writes: its events on the pod and on the group.
+    await workload.until(lambda: "Scheduled" in reasons(f"{group}-0") and "Bound" in reasons(group),
+                         "the Scheduled and Bound events")
 
 
 async def test_a_member_is_read_again_while_the_pod_watch_hangs(cluster: Any) -> None:
@@ -187,9 +204,10 @@ async def test_a_member_is_read_again_while_the_pod_watch_hangs(cluster: Any) ->
         cluster.create(workload.pod_body(NS, "hung-0", "hung"))
         await workload.until(lambda: workload.bound_pods(cluster, NS), "hung-0 bound")
         await workload.until(lambda: has_finalizer(cluster, "hung"), "the finalizer on the group")
-        cluster.inject_fault("GET", r"^/api/v1/pods$", delay=60.0, times=1)
+        hung = cluster.inject_fault("GET", r"^/api/v1/pods$", hold=True)
         cluster.drop_watches()
-        await asyncio.sleep(0.3)  # the pod watch is back, hanging; the group watch is live
+        await workload.until(lambda: hung.fired and cluster.open_watches(names.PLURAL),
+                             "the pod watch back but hanging, the group watch live")
         cluster.delete("pods", "hung-0", NS)
         cluster.delete(names.PLURAL, "hung", NS)
         await workload.until(lambda: cluster.get(names.PLURAL, "hung", NS) is None, "the group released and gone")

@@ -57,6 +57,12 @@ def ensure_namespace(cluster: Any, ns: str) -> None:
         cluster.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
 
 
+def failed_scheduling(cluster: Any, ns: str, pod: str) -> int:
+    """How many times the scheduler has said why ``pod`` waits (repeats are counted on one Event)."""
+    return sum(int(e.get("count") or 1) for e in cluster.list("events", ns)
+               if e["involvedObject"]["name"] == pod and e["reason"] == "FailedScheduling")
+
+
 def bound_pods(cluster: Any, ns: str | None = None) -> list[dict[str, Any]]:
     return [p for p in cluster.list("pods", ns) if (p.get("spec") or {}).get("nodeName")]
 
