@@ -14,6 +14,7 @@ import pytest
 from deviceshare.operator.config import OperatorConfig
 from deviceshare.operator.process import OperatorThread
 from deviceshare.sandbox import Sandbox
+from tests import waiting
 from tests.operator.kube import Kube
 
 
@@ -59,7 +60,7 @@ RunningOperator = OperatorThread
 
 
 async def start_operator(config: OperatorConfig) -> OperatorThread:
-    return await OperatorThread(config).start()
+    return await OperatorThread(config).start(timeout=waiting.HANG_GUARD)
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -14,6 +13,7 @@ import pytest
 
 from deviceshare.operator.config import OperatorConfig
 from deviceshare.operator.process import run_operator
+from tests import waiting
 from tests.operator.conftest import cluster, kube, sandbox_options
 from tests.reliability import invariants
 
@@ -68,11 +68,7 @@ class Replica:
 
     async def start(self) -> Replica:
         self._thread.start()
-        deadline = time.monotonic() + 15
-        while not self._ready.is_set():
-            if time.monotonic() > deadline:
-                raise TimeoutError("operator did not become ready in 15 s")
-            await asyncio.sleep(0.01)
+        await waiting.until(self._ready.is_set, "the operator ready (or dead)", interval=0.01)
         if not self._thread.is_alive() or self._error is not None:
             raise RuntimeError(f"operator exited during start-up: {self._error!r}")
         return self
@@ -85,11 +81,8 @@ class Replica:
     def runtime(self) -> Any:
         return getattr(self.memo, "runtime", None)
 
-    async def _join(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while self._thread.is_alive() and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
-        assert not self._thread.is_alive(), "the operator thread did not end"
+    async def _join(self) -> None:
+        await waiting.until(lambda: not self._thread.is_alive(), "the operator thread to end", interval=0.01)
 
     async def kill(self) -> None:
         """Die like a killed process: its connections cut and every task cancelled in the same tick.
@@ -111,7 +104,7 @@ class Replica:
 
         with contextlib.suppress(RuntimeError):  # the loop already closed
             self.loop.call_soon_threadsafe(cancel_everything)
-        await self._join(10)
+        await self._join()
 
     def _cut_connections(self) -> None:
         """Close the operator's API connections now, from its own loop: what the OS does at a kill."""
@@ -127,7 +120,7 @@ class Replica:
         """The graceful stop (SIGTERM): Kopf runs the cleanup handlers."""
         if self.alive and self._stop is not None:
             self.loop.call_soon_threadsafe(self._stop.set)
-        await self._join(20)
+        await self._join()
 
 
 async def launch(config: OperatorConfig) -> Replica:
