@@ -21,6 +21,7 @@ from deviceshare.cli import inspect
 from deviceshare.kube import applying, connecting
 from deviceshare.sandbox import Sandbox
 from deviceshare.webhooks import certs, configuration, server
+from tests import waiting
 from tests.operator.conftest import operator_config, start_operator
 from tests.operator.kube import Kube
 
@@ -47,7 +48,7 @@ async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
         try:
             applier = applying.Applier(api)
             await applier.apply(configuration.build(url=webhook.url, ca_bundle=bundle.ca_pem))
-            assert webhook.index is not None and await webhook.index.wait_synced(10)
+            assert webhook.index is not None and await webhook.index.wait_synced(waiting.HANG_GUARD)
             async with Kube.connect(str(cluster.kubeconfig)) as kube:
                 yield Stack(cluster, kube, applier)
         finally:

@@ -29,6 +29,7 @@ from deviceshare.api import names
 from deviceshare.operator.command import OperatorThread
 from deviceshare.sandbox import Sandbox
 from deviceshare.webhooks import certs, configuration, server
+from tests import waiting
 from tests.operator.conftest import operator_config, start_operator
 from tests.operator.kube import Kube
 from tests.reliability import invariants, workload
@@ -105,7 +106,7 @@ async def system(cluster: Sandbox, kube: Kube, tmp_path: Path) -> AsyncIterator[
     running: OperatorThread | None = None
     try:
         cluster.create(configuration.build(ca_bundle=bundle.ca_pem, url=hook.url))
-        assert hook.index is not None and await hook.index.wait_synced(10)
+        assert hook.index is not None and await hook.index.wait_synced(waiting.HANG_GUARD)
         running = await start_operator(operator_config(cluster))
         sys_ = System(cluster, kube, running, hook)
         yield sys_
