@@ -59,15 +59,15 @@ async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
 
 async def _apply(applier: applying.Applier, obj: dict[str, Any]) -> dict[str, Any]:
     # The webhook knows groups from a watch, so a pod sent milliseconds after its group can be
-    # denied with "does not exist" (a ReplicaSet would retry; so does this test, briefly).
-    deadline = asyncio.get_running_loop().time() + 5
+    # denied with "does not exist" (a ReplicaSet would retry; so does this test, until the hang guard).
+    deadline = asyncio.get_running_loop().time() + waiting.HANG_GUARD
     while True:
         try:
             return await applier.apply(obj)
         except applying.ApplyError as e:
             if "does not exist" not in str(e) or asyncio.get_running_loop().time() > deadline:
                 raise
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.05)  # a retry's pause, as a controller's requeue
 
 
 async def _apply_examples(applier: applying.Applier) -> list[dict[str, Any]]:

@@ -93,12 +93,12 @@ async def test_a_standby_takes_an_unrenewed_lease_only_after_it_saw_it_unchanged
     api = FakeLeases()
     a, b = elector(api, "a"), elector(api, "b")
     assert await a.try_acquire_or_renew()
-    await asyncio.sleep(100)  # long past renewTime: b still counts from when *it* first saw the record
+    await asyncio.sleep(100)  # looptime: long past renewTime; b still counts from when *it* first saw the record
     assert not await b.try_acquire_or_renew()
     assert b.holder == "a"
-    await asyncio.sleep(14.9)
+    await asyncio.sleep(14.9)  # looptime: fake time
     assert not await b.try_acquire_or_renew()
-    await asyncio.sleep(0.1)
+    await asyncio.sleep(0.1)  # looptime: fake time
     assert await b.try_acquire_or_renew()
     assert api.spec["holderIdentity"] == "b" and api.spec["leaseTransitions"] == 1
 
@@ -110,7 +110,7 @@ async def test_every_renewal_restarts_the_standbys_count() -> None:
     assert await a.try_acquire_or_renew()
     for _ in range(10):
         assert not await b.try_acquire_or_renew()
-        await asyncio.sleep(10)
+        await asyncio.sleep(10)  # looptime: fake time
         assert await a.try_acquire_or_renew()
     assert not await b.try_acquire_or_renew()
 
@@ -121,7 +121,7 @@ async def test_two_candidates_racing_for_an_expired_lease_one_gets_409_and_stays
     a, b, c = elector(api, "a"), elector(api, "b"), elector(api, "c")
     assert await a.try_acquire_or_renew()
     assert not await b.try_acquire_or_renew() and not await c.try_acquire_or_renew()
-    await asyncio.sleep(15)
+    await asyncio.sleep(15)  # looptime: fake time
     results = await asyncio.gather(b.try_acquire_or_renew(), c.try_acquire_or_renew())
     assert sorted(results) == [False, True]
     assert api.spec["holderIdentity"] == ("b" if results[0] else "c")
@@ -162,12 +162,12 @@ async def test_a_leader_that_cannot_renew_stops_within_its_renew_deadline_before
     leader = run(api, "a", log)
     task = asyncio.create_task(leader.run())
     try:
-        await asyncio.sleep(5)
+        await asyncio.sleep(5)  # looptime: fake time
         assert leader.active.is_set() and log == [(0, "a elected")]
         api.refuse_writes = True
         last_renewal = 4.0  # every 2 s; the one at 4 s was the last to land
         while leader.active.is_set():
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(0.5)  # looptime: fake time
         deposed_at = log[-1][0]
         assert log[-1][1] == "a deposed"
         assert deposed_at - last_renewal <= 10  # the renew deadline
@@ -183,14 +183,14 @@ async def test_a_leader_that_sees_another_holder_stops_at_its_next_renewal() -> 
     leader = run(api, "a", log)
     task = asyncio.create_task(leader.run())
     try:
-        await asyncio.sleep(5)
+        await asyncio.sleep(5)  # looptime: fake time
         api.overwrite(holderIdentity="intruder")
         while leader.active.is_set():
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0.1)  # looptime: fake time
         assert log == [(0, "a elected"), (6, "a deposed")]
         # The intruder never renews: 15 s after "a" saw the change, it takes the Lease back.
         while not leader.active.is_set():
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0.1)  # looptime: fake time
         assert log[-1] == (22, "a elected") and api.spec["leaseTransitions"] == 1
     finally:
         task.cancel()
@@ -211,7 +211,7 @@ async def test_a_failed_takeover_releases_the_lease_and_tries_again() -> None:
                                    on_elected=elected, on_deposed=deposed, clock=now)
     task = asyncio.create_task(leader.run())
     try:
-        await asyncio.sleep(3)
+        await asyncio.sleep(3)  # looptime: fake time
         assert attempts == [0, 2] and leader.active.is_set()
     finally:
         task.cancel()

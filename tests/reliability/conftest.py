@@ -143,7 +143,7 @@ class Watchdog:
     async def _run(self) -> None:
         while True:
             self.check()
-            await asyncio.sleep(self.interval)
+            await asyncio.sleep(self.interval)  # the watchdog's sampling period
 
     def check(self) -> None:
         self.checks += 1

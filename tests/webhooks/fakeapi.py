@@ -114,7 +114,7 @@ class FakeApi:
             if query.get("watch") in ("true", "True", "1"):
                 return await self._watch(request, collection, query)
             if self.list_delay_s:
-                await asyncio.sleep(self.list_delay_s)
+                await asyncio.sleep(self.list_delay_s)  # a slow API server: the scenario a test sets
             return self._list(collection, query)
 
         return handle
