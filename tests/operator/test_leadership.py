@@ -28,6 +28,7 @@ class FakeLeases:
         self.obj: dict[str, Any] | None = None
         self.version = 0
         self.refuse_writes = False  # a partition: every write fails (not a 409)
+        self.conflicts = 0  # writes refused with a 409: the proof that a race happened
 
     def _stored(self, body: Mapping[str, Any]) -> dict[str, Any]:
         self.version += 1
@@ -36,14 +37,17 @@ class FakeLeases:
         return copy.deepcopy(self.obj)
 
     async def get_lease(self, own_namespace: str, name: str) -> dict[str, Any]:
-        if self.obj is None:
+        found = copy.deepcopy(self.obj)
+        await asyncio.sleep(0)  # the answer's way back: a concurrent candidate may read the same record meanwhile
+        if found is None:
             raise Gone("404")
-        return copy.deepcopy(self.obj)
+        return found
 
     async def create_lease(self, own_namespace: str, body: Mapping[str, Any]) -> dict[str, Any]:
         if self.refuse_writes:
             raise ConnectionError("unreachable")
         if self.obj is not None:
+            self.conflicts += 1
             raise Conflict("409 AlreadyExists")
         return self._stored(body)
 
@@ -53,6 +57,7 @@ class FakeLeases:
         if self.obj is None:
             raise Gone("404")
         if body["metadata"].get("resourceVersion") != self.obj["metadata"]["resourceVersion"]:
+            self.conflicts += 1
             raise Conflict("409 the object has been modified")
         return self._stored(body)
 
@@ -124,12 +129,14 @@ async def test_two_candidates_racing_for_an_expired_lease_one_gets_409_and_stays
     await asyncio.sleep(15)  # looptime: fake time
     results = await asyncio.gather(b.try_acquire_or_renew(), c.try_acquire_or_renew())
     assert sorted(results) == [False, True]
+    assert api.conflicts == 1  # both read the expired record, and the API refused the second write
     assert api.spec["holderIdentity"] == ("b" if results[0] else "c")
     # and two replicas creating the Lease at once: the API server refuses the second create
     fresh = FakeLeases()
     results = await asyncio.gather(elector(fresh, "x").try_acquire_or_renew(),
                                    elector(fresh, "y").try_acquire_or_renew())
     assert sorted(results) == [False, True]
+    assert fresh.conflicts == 1
 
 
 @pytest.mark.looptime

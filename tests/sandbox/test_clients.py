@@ -71,7 +71,7 @@ async def test_a_kopf_operator_runs_in_process_against_the_sandbox(sandbox: Sand
         assert seen == ["g", "after-410"]
     finally:
         stop.set_result(None)
-        await asyncio.wait_for(task, 10)
+        await asyncio.wait_for(task, waiting.HANG_GUARD)
 
 
 async def test_kubernetes_asyncio_with_the_written_kubeconfig(sandbox: Sandbox) -> None:

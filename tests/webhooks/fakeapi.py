@@ -38,7 +38,8 @@ class FakeApi:
         self.oldest_rv = 0  # watches from before this version get 410
         self.watchers: list[tuple[str, asyncio.Queue[tuple[str, dict[str, Any]] | None]]] = []
         self.fail_next = 0  # answer that many requests with 500
-        self.list_delay_s = 0.0
+        self.lists_flowing = asyncio.Event()  # cleared: list requests wait until it is set (a slow API server)
+        self.lists_flowing.set()
         self.requests: list[tuple[str, dict[str, str]]] = []
         self.url = ""
         self._runner: web.AppRunner | None = None
@@ -98,6 +99,7 @@ class FakeApi:
         return self.url
 
     async def stop(self) -> None:
+        self.lists_flowing.set()
         self.end_watches()
         if self._runner is not None:
             await self._runner.cleanup()
@@ -113,8 +115,7 @@ class FakeApi:
                 return web.json_response({"kind": "Status", "code": 500, "message": "boom"}, status=500)
             if query.get("watch") in ("true", "True", "1"):
                 return await self._watch(request, collection, query)
-            if self.list_delay_s:
-                await asyncio.sleep(self.list_delay_s)  # a slow API server: the scenario a test sets
+            await self.lists_flowing.wait()
             return self._list(collection, query)
 
         return handle

@@ -24,11 +24,12 @@ async def test_warming_until_both_lists_arrive(
     fake_api: fakeapi.FakeApi, index: groups.GroupIndex, api_client: client.ApiClient
 ) -> None:
     fake_api.put(GROUPS, fakeapi.group("ml", "trainer"))
-    fake_api.list_delay_s = 0.3
+    fake_api.lists_flowing.clear()  # the lists are held until the test lets them through
     assert index.group("ml", "trainer") is admission.WARMING
     index.start(api_client)
     assert await index.wait_synced(0.01) is False
     assert index.group("ml", "trainer") is admission.WARMING
+    fake_api.lists_flowing.set()
     assert await index.wait_synced(waiting.HANG_GUARD) is True
     spec = index.group("ml", "trainer")
     assert spec is not admission.WARMING and spec is not None

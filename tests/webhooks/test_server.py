@@ -87,7 +87,7 @@ async def test_not_ready_and_retry_denial_while_the_api_is_slow(
     tls_files: tuple[Path, Path, Path],
     http: aiohttp.ClientSession,
 ) -> None:
-    fake_api.list_delay_s = 1.0
+    fake_api.lists_flowing.clear()  # the API answers no list until the test lets it
     fake_api.put(GROUPS, fakeapi.group("ml", "trainer"))
     _, cert, key = tls_files
     running = await server.start_webhook(
@@ -105,7 +105,8 @@ async def test_not_ready_and_retry_denial_while_the_api_is_slow(
         assert answer["response"]["allowed"] is False
         assert answer["response"]["status"]["message"] == admission.RETRY_MESSAGE
         # Once synced (within the bounded wait) the same pod is admitted.
-        running.webhook.settings.warmup_timeout_s = 5.0
+        fake_api.lists_flowing.set()
+        running.webhook.settings.warmup_timeout_s = waiting.HANG_GUARD
         _, answer = await post(http, running, make_review(pod("trainer")))
         assert answer["response"]["allowed"] is True
         async with http.get(running.url + "/readyz") as r:
