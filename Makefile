@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: help venv test test-stress lint demo sandbox bench soak e2e image clean
+.PHONY: help venv test test-stress lint helm manifests demo sandbox bench soak e2e image clean monitoring
 
 help:
 	@echo "make demo   - sandbox cluster + operator + webhook, shows groups bound with their devices"
@@ -14,6 +14,8 @@ help:
 	@echo "make soak   - 30 minutes of churn against the sandbox"
 	@echo "make e2e    - tests against a real cluster (needs KUBECONFIG)"
 	@echo "make image  - container image (needs Docker)"
+	@echo "make manifests - re-render the kustomize base from charts/deviceshare (after a template change)"
+	@echo "make monitoring - rebuild monitoring/dashboards/*.json and monitoring/manifests from their sources"
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -24,18 +26,28 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks monitoring
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-test: lint
+# The pinned Helm 4 the chart tests use (tests/charts/helm_binary.py): fetched once, hash-checked, cached.
+helm: $(STAMP)
+	@$(BIN)/python -m tests.charts.helm_binary >/dev/null
+
+manifests: helm
+	$(BIN)/python -m tests.charts.rendering
+
+test: lint helm
 	@$(BIN)/python -m pytest -q $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests - that is a failure" >&2; fi; \
 	exit $$rc
 
 # Not run by .ci/run: six whole-suite runs on a slowed machine take ~30 min on 2 cores; CI stays under ~10.
-test-stress: $(STAMP)
+test-stress: helm
 	PYTHON=$(BIN)/python .ci/stress
+
+monitoring: $(STAMP)
+	$(BIN)/python -m monitoring
 
 demo: $(STAMP)
 	$(BIN)/deviceshare demo

@@ -51,7 +51,7 @@ def _unclamped_choice(
         state = snap.nodes[name]
         if not placement._fits(state, request, pod):
             continue
-        values = fgdplacement._free_values(state, GPU).values()
+        values = fgdplacement.free_values(state, GPU).values()
         got = fgdratings.rate(policy.measure(), frag.signature_of(GPU, state.info.cpu_milli - state.cpu_used,
                                                                      values), shape)
         if got is not None and got[0] > best_score:

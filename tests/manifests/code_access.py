@@ -1,8 +1,10 @@
 """What the code actually asks of the API server, derived from the code itself (for the RBAC test).
 
-- The operator: every call it makes outside Kopf goes through ``ClusterApi._call(method, path, ...)``
-  in ``operator/storage.py``; the method and the (f-string) path of each call are read from the AST
-  and mapped to (apiGroup, resource, verb) as the API server's authorizer would.
+- The operator: every call it makes outside Kopf goes through the ``operator/storage`` package, by one of
+  its request helpers (``_call``/``_write``/``_lease_write(method, path, ...)``, ``_list(path, ...)`` for a
+  GET, ``_group_write(path, ...)`` for a PATCH); the method and the (f-string) path of each call are read
+  from the AST and mapped to (apiGroup, resource, verb) as the API server's authorizer would. The helpers'
+  own bodies, which only pass their parameters on, are not call sites.
 - Kopf, for the operator: the resources its registered handlers watch (from a real registry filled
   by ``operator.handlers.register``), plus what Kopf itself needs in the mode ``operator/handlers.py``
   starts it in (cluster-wide or not, standalone or peering, read from the ``kopf.operator(...)`` call):
@@ -30,7 +32,7 @@ from deviceshare.operator import handlers
 from deviceshare.operator.config import OperatorConfig
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "deviceshare"
-STORAGE = SRC / "operator" / "storage.py"
+STORAGE = SRC / "operator" / "storage"  # the package: every API call of the operator
 COMMAND = SRC / "operator" / "handlers.py"  # where kopf.operator(...) is called
 WEBHOOK_CACHE = SRC / "webhooks" / "groups.py"
 
@@ -78,8 +80,22 @@ def access_for(method: str, path: str) -> Access:
     return Access(group, resource, verb, own)
 
 
-def _functions(tree: ast.Module) -> dict[str, ast.FunctionDef]:
-    return {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)}
+def _functions(trees: list[ast.Module]) -> dict[str, ast.FunctionDef]:
+    return {node.name: node for tree in trees for node in tree.body if isinstance(node, ast.FunctionDef)}
+
+
+# Request helpers: name -> (its HTTP method, or the index of the argument that gives it; the path's index).
+REQUESTS: dict[str, tuple[str | int, int]] = {
+    "_call": (0, 1), "_write": (0, 1), "_lease_write": (0, 1), "_list": ("GET", 0), "_group_write": ("PATCH", 0),
+}
+
+
+def _modules(path: Path) -> list[Path]:
+    return [path] if path.is_file() else sorted(path.glob("*.py"))
+
+
+def storage_source(path: Path = STORAGE) -> str:
+    return "\n".join(p.read_text() for p in _modules(path))
 
 
 def _path_template(expr: ast.expr, functions: dict[str, ast.FunctionDef]) -> str:
@@ -105,18 +121,36 @@ def _path_template(expr: ast.expr, functions: dict[str, ast.FunctionDef]) -> str
     raise UnresolvedCall(f"cannot read the path {ast.unparse(expr)!r} at line {expr.lineno}")
 
 
+def storage_call_sites(path: Path = STORAGE) -> list[ast.Call]:
+    """Every call of a request helper, outside the helpers' own bodies (which pass their parameters on)."""
+    trees = [ast.parse(p.read_text()) for p in _modules(path)]
+    forwarded: set[int] = set()
+    for tree in trees:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name in REQUESTS:
+                forwarded |= {id(n) for n in ast.walk(node) if isinstance(n, ast.Call)}
+    return [
+        node for tree in trees for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in REQUESTS
+        and id(node) not in forwarded
+    ]
+
+
 def storage_calls(path: Path = STORAGE) -> list[tuple[str, str]]:
-    """(method, path template) of every ``self._call(...)`` in the operator's storage module."""
-    tree = ast.parse(path.read_text())
-    functions = _functions(tree)
+    """(method, path template) of every request the operator's storage makes."""
+    functions = _functions([ast.parse(p.read_text()) for p in _modules(path)])
     out: list[tuple[str, str]] = []
-    for node in ast.walk(tree):
-        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "_call"):
-            continue
-        method = node.args[0] if node.args else None
-        if not (isinstance(method, ast.Constant) and isinstance(method.value, str)) or len(node.args) < 2:
-            raise UnresolvedCall(f"_call at line {node.lineno} has no literal method and path")
-        out.append((method.value, _path_template(node.args[1], functions)))
+    for node in storage_call_sites(path):
+        assert isinstance(node.func, ast.Attribute)
+        method_at, path_at = REQUESTS[node.func.attr]
+        method: ast.expr | str | None = method_at if isinstance(method_at, str) else (
+            node.args[method_at] if len(node.args) > method_at else None
+        )
+        if isinstance(method, ast.Constant) and isinstance(method.value, str):
+            method = method.value
+        if not isinstance(method, str) or len(node.args) <= path_at:
+            raise UnresolvedCall(f"{node.func.attr} at line {node.lineno} has no literal method and path")
+        out.append((method, _path_template(node.args[path_at], functions)))
     return out
 
 
@@ -129,7 +163,7 @@ _REFLECTED_CUSTOM = re.compile(
 
 def storage_reflected(path: Path | None = None) -> set[Access]:
     """list + watch for each collection the storage module mirrors with a ``watching.Reflector``."""
-    source = (path or STORAGE).read_text()
+    source = storage_source(path or STORAGE)
     if (_REFLECTED.search(source) or "CustomObjectsApi" in source) and "watching.Reflector(" not in source:
         raise UnresolvedCall("a list call in the storage module that no Reflector uses")
     if source.count("CustomObjectsApi(") != len(_REFLECTED_CUSTOM.findall(source)):
@@ -143,10 +177,10 @@ def storage_reflected(path: Path | None = None) -> set[Access]:
 def api_client_uses(package: Path) -> Iterator[str]:
     """Places in ``package`` that talk to the API other than through ``ClusterApi._call``."""
     pattern = re.compile(r"\.call_api\(|CoreV1Api|CustomObjectsApi|ApiextensionsV1Api|EventsV1Api|AppsV1Api")
-    for file in sorted(package.glob("*.py")):
+    for file in sorted(package.rglob("*.py")):
         for lineno, line in enumerate(file.read_text().splitlines(), 1):
             if pattern.search(line) and not (
-                file == STORAGE and (
+                file.parent == STORAGE and (
                     "self._client.call_api(" in line or _REFLECTED.search(line)
                     or "k8s.CustomObjectsApi(self._client).list_cluster_custom_object," in line
                 )

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from deviceshare.api import names
+from deviceshare.kube import watching
 from deviceshare.operator import state as state_
 from deviceshare.operator.config import OperatorConfig
 from deviceshare.operator.context import Context
@@ -49,11 +50,11 @@ class FakeApi:
         self.groups: dict[tuple[str, str], dict[str, Any]] = {}
         self.listed_pods: list[dict[str, Any]] | None = None  # a list older than the objects (None: all)
 
-    async def list_pods(self) -> list[dict[str, Any]]:
-        return list(self.pods.values()) if self.listed_pods is None else self.listed_pods
+    async def list_pods(self) -> watching.Listing:
+        return watching.Listing(list(self.pods.values()) if self.listed_pods is None else self.listed_pods, "1")
 
-    async def list_groups(self) -> list[dict[str, Any]]:
-        return list(self.groups.values())
+    async def list_groups(self) -> watching.Listing:
+        return watching.Listing(list(self.groups.values()), "1")
 
     async def get_pod(self, key: tuple[str, str]) -> dict[str, Any] | None:
         return self.pods.get(key)

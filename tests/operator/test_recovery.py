@@ -57,6 +57,8 @@ async def test_devices_claimed_twice_are_reported_on_both_groups_and_given_to_no
             assert conditions(group)["DeviceConflict"]["status"] == "True"
             assert other in conditions(group)["DeviceConflict"]["message"]
             assert any(e["reason"] == "DeviceConflict" for e in await kube.events("c", name))
+        # What DeviceshareDeviceClaimedTwice alerts on.
+        assert 'deviceshare_groups_in_conflict 2.0' in running.memo.runtime.ctx.metrics.exposition().decode()
 
         # A third group pinned to that node gets the six other devices, never 0 or 1.
         await kube.patch_node(node, {"metadata": {"labels": {"pin": "here"}}})

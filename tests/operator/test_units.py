@@ -127,4 +127,4 @@ def test_only_event_handlers_so_kopf_needs_no_diff_base() -> None:
     handlers.register(registry, OperatorConfig())
     assert list(registry._changing.get_all_handlers()) == []
     assert list(registry._spawning.get_all_handlers()) == []
-    assert len(list(registry._watching.get_all_handlers())) == 1  # nodes (groups, pods: our reflectors)
+    assert list(registry._watching.get_all_handlers()) == []  # nodes, groups, pods: our own reflectors

@@ -123,8 +123,28 @@ def enough(tally: Tally) -> bool:
     return tally.bound_at_delete >= 30 and tally.shared_bound >= 5
 
 
+# Writes whose answer lies (CONTRACT-level promise: no device given twice even so): every n-th of each kind lands
+# and is then answered 504 Timeout, or its connection is dropped.
+LIES = {
+    "binding": ("POST", rf"/namespaces/{NS}/pods/[^/]+/binding$", 5),
+    "group status": ("PATCH", rf"/namespaces/{NS}/{names.PLURAL}/[^/]+/status$", 6),
+    "finalizers": ("PATCH", rf"/namespaces/{NS}/{names.PLURAL}/[^/]+$", 4),
+    "event": ("POST", rf"/namespaces/{NS}/events$", 7),
+}
+
+
+def lie_to(cluster: Any) -> dict[str, Any]:
+    faults = {}
+    for kind, (method, path, every) in LIES.items():
+        faults[f"{kind}: 504"] = cluster.inject_fault(
+            method, path, status=504, applied=True, times=None, every=every)
+        faults[f"{kind}: dropped"] = cluster.inject_fault(
+            method, path, drop=True, applied=True, times=None, every=every + 1)
+    return faults
+
+
 async def churn(
-    cluster: Any, seconds: float | None, actors: int, seed: int, strategy: str | None = None
+    cluster: Any, seconds: float | None, actors: int, seed: int, strategy: str | None = None, lies: bool = False
 ) -> tuple[list[str], Watchdog]:
     """Run the churn for ``seconds`` (the soak) or, with None, until :func:`enough`; its watchdog is asserted
     here, in the test, not in a fixture's teardown."""
@@ -132,6 +152,7 @@ async def churn(
     watchdog = Watchdog(cluster)
     watchdog.start()
     replica = await launch(operator_config(cluster))
+    faults = lie_to(cluster) if lies else {}
     report: list[str] = []
     samples: list[tuple[float, float, int]] = []
     try:
@@ -144,7 +165,8 @@ async def churn(
         workers = [loop.create_task(actor(cluster, i, lambda: not stop.is_set(), seed, tally, strategy))
                    for i in range(actors)]
         if seconds is None:
-            await workload.until(lambda: enough(tally) or any(w.done() for w in workers), "enough churn")
+            await workload.until(lambda: (enough(tally) and all(f.fired for f in faults.values()))
+                                 or any(w.done() for w in workers), "enough churn (and every lie told)")
             stop.set()
         while not all(w.done() for w in workers):
             await asyncio.sleep(min(60.0, max(1.0, (seconds or 0) / 10)))  # the soak's sampling period
@@ -154,6 +176,9 @@ async def churn(
             assert replica.alive, "the operator exited during churn"
         for w in workers:
             w.result()
+        cluster.clear_faults()  # the quiet phase below checks what the lies left behind
+        report += [f"lie {kind}: fired {fault.fired} times" for kind, fault in faults.items()]
+        assert all(f.fired for f in faults.values()), f"a lie never fired: {report}"
         assert tally.bound_at_delete > 0, f"no member was ever bound: the churn tested nothing ({tally})"
         assert tally.shared_bound > 0, f"no member of a sharing group was ever bound ({tally})"
 
@@ -205,6 +230,12 @@ async def churn(
 @pytest.mark.parametrize("seed", [1, pytest.param(2, marks=pytest.mark.slow)])
 async def test_churn_never_double_allocates(cluster: Any, seed: int) -> None:
     report, watchdog = await churn(cluster, seconds=None, actors=8, seed=seed)
+    assert watchdog.checks > 50, report
+
+
+async def test_churn_with_a_lying_api_never_double_allocates(cluster: Any) -> None:
+    """Bindings, group status and finalizer writes and events that land but answer 504 or drop the connection."""
+    report, watchdog = await churn(cluster, seconds=None, actors=8, seed=4, lies=True)
     assert watchdog.checks > 50, report
 
 

@@ -217,7 +217,7 @@ async def test_a_partitioned_leader_stops_placing_and_nobody_places_until_a_leas
         tried = lease_attempts(cluster, "replica-b")
         await workload.until(lambda: lease_attempts(cluster, "replica-b") > tried, "the standby's try for the Lease")
         assert not standby.runtime.scheduling and not active.runtime.scheduling
-        assert set(cut.answered) == {503}
+        assert cut.fired >= 2  # both were refused: the cut fired
         # The partition heals: one replica leads again, rebuilds, and places the waiting pod.
         cluster.clear_faults()
         healed = len(history.leases)

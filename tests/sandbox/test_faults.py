@@ -87,3 +87,64 @@ async def test_a_held_request_waits_until_released_and_its_answer_is_recorded(sa
     sandbox.clear_faults()
     status, _ = await creating
     assert status == 409 and refused.answered == [409]
+
+
+async def test_a_write_applied_then_answered_504_has_landed(sandbox: Sandbox, http: Http) -> None:
+    """kube-apiserver under load: the write is carried out, its answer says Timeout."""
+    await http.call("POST", SDG, sdg("g"))
+    fault = sandbox.inject_fault("PATCH", r"/shareddevicegroups/g$", status=504, applied=True)
+    status, error = await http.call("PATCH", f"{SDG}/g", {"spec": {"maxMembers": 3}}, content_type=MERGE)
+    assert (status, error["reason"]) == (504, "Timeout") and fault.fired == 1
+    _, group = await http.call("GET", f"{SDG}/g")
+    assert group["spec"]["maxMembers"] == 3
+
+
+async def test_a_dropped_connection_after_the_write_leaves_it_landed(sandbox: Sandbox, http: Http) -> None:
+    await http.call("POST", SDG, sdg("g"))
+    fault = sandbox.inject_fault("PATCH", r"/shareddevicegroups/g$", applied=True, drop=True)
+    try:
+        await http.call("PATCH", f"{SDG}/g", {"spec": {"maxMembers": 4}}, content_type=MERGE)
+    except aiohttp.ClientError:
+        pass
+    else:
+        raise AssertionError("the connection was not dropped")
+    _, group = await http.call("GET", f"{SDG}/g")
+    assert group["spec"]["maxMembers"] == 4 and fault.fired == 1
+
+
+async def test_a_dropped_connection_before_the_write_leaves_nothing(sandbox: Sandbox, http: Http) -> None:
+    await http.call("POST", SDG, sdg("g"))
+    fault = sandbox.inject_fault("PATCH", r"/shareddevicegroups/g$", drop=True)
+    try:
+        await http.call("PATCH", f"{SDG}/g", {"spec": {"maxMembers": 5}}, content_type=MERGE)
+    except aiohttp.ClientError:
+        pass
+    else:
+        raise AssertionError("the connection was not dropped")
+    _, group = await http.call("GET", f"{SDG}/g")
+    assert group["spec"].get("maxMembers") != 5 and fault.fired == 1
+
+
+async def test_a_write_held_past_its_timeout_is_given_up_and_not_applied(sandbox: Sandbox, http: Http) -> None:
+    """``?timeout=`` bounds a write as kube-apiserver's handlers do: past it, 504 and nothing stored."""
+    await http.call("POST", SDG, sdg("g"))
+    sandbox.inject_fault("PATCH", r"/shareddevicegroups/g$", delay=0.3)
+    status, error = await http.call(
+        "PATCH", f"{SDG}/g", {"spec": {"maxMembers": 6}}, content_type=MERGE, params={"timeout": "100ms"}
+    )
+    assert (status, error["reason"]) == (504, "Timeout")
+    assert "request did not complete within requested timeout" in error["message"]
+    _, group = await http.call("GET", f"{SDG}/g")
+    assert group["spec"].get("maxMembers") != 6
+    # Within its timeout the same delayed write lands.
+    sandbox.inject_fault("PATCH", r"/shareddevicegroups/g$", delay=0.1)
+    status, _ = await http.call(
+        "PATCH", f"{SDG}/g", {"spec": {"maxMembers": 6}}, content_type=MERGE, params={"timeout": "2s"}
+    )
+    assert status == 200
+
+
+async def test_every_nth_matching_request_fires(sandbox: Sandbox, http: Http) -> None:
+    fault = sandbox.inject_fault("GET", r"/api/v1/nodes$", status=500, times=None, every=3)
+    answers = [(await http.call("GET", "/api/v1/nodes"))[0] for _ in range(6)]
+    assert answers == [200, 200, 500, 200, 200, 500] and (fault.seen, fault.fired) == (6, 2)

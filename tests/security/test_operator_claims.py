@@ -66,6 +66,7 @@ async def test_forged_claims_after_a_restart_freeze_no_holder_and_take_no_free_d
 
     await kube.wait_for(reported, "an UntrustedDeviceClaim event on the forged pod")
     assert system.metric("deviceshare_untrusted_claims_total") >= 2  # copycat and squatter (not ours)
+    assert system.metric("deviceshare_rebuild_untrusted_claims") >= 2  # what DeviceshareUntrustedClaim reads
     assert not [
         c for c in group_status(system, "team-h", "holder").get("conditions", [])
         if c["type"] == names.CONDITION_CONFLICT

@@ -2,9 +2,11 @@
 
 Only what the group cache uses: ``GET /api/v1/pods`` (with an ``exists`` label selector),
 ``GET /api/v1/resourcequotas`` and ``GET /apis/deviceshare.io/v1alpha1/shareddevicegroups``, each
-with ``limit``/``continue``, ``watch``, ``resourceVersion`` and ``timeoutSeconds``. Tests drive it
-directly: put and delete objects, compact history (so old resourceVersions get 410 Gone), end every open watch, make the
-next requests fail, or slow the lists down.
+with ``limit``/``continue``, ``watch``, ``resourceVersion`` and ``timeoutSeconds``, and ``GET`` of one
+group. Tests drive it directly: put and delete objects, compact history (so old resourceVersions get
+410 Gone), end every open watch, hold watch events back and release them, make the next requests
+fail, slow the lists down, hold a group GET until released, or have it answer an older state (a
+lagging read). :attr:`FakeApi.log` records, in order, each watch event sent and each GET answered.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from tests import waiting
 PODS = "pods"
 GROUPS = names.PLURAL
 QUOTAS = "resourcequotas"
+GROUP_GET = "get shareddevicegroup"
 _PATHS = {
     PODS: "/api/v1/pods",
     GROUPS: f"/apis/{names.GROUP}/{names.VERSION}/{names.PLURAL}",
@@ -41,6 +44,11 @@ class FakeApi:
         self.lists_flowing = asyncio.Event()  # cleared: list requests wait until it is set (a slow API server)
         self.lists_flowing.set()
         self.requests: list[tuple[str, dict[str, str]]] = []
+        self.held: list[tuple[str, str, dict[str, Any]]] | None = None  # watch events not sent yet
+        self.stale_gets: dict[tuple[str, str], dict[str, Any]] = {}  # what a group GET answers instead
+        self.get_read = asyncio.Event()  # a group GET has read its answer
+        self.get_gate: asyncio.Event | None = None  # when set here, a group GET answers once it is set
+        self.log: list[tuple[str, str, int]] = []  # groups: ("watch", event type, rv), ("get", name, rv)
         self.url = ""
         self._runner: web.AppRunner | None = None
 
@@ -73,11 +81,29 @@ class FakeApi:
         for _, queue in self.watchers:
             queue.put_nowait(None)
 
+    def hold_watches(self) -> None:
+        """Keep watch events from being sent (a watch that lags) until :meth:`release_watches`."""
+        self.held = []
+
+    def release_watches(self) -> None:
+        held, self.held = self.held or [], None
+        for collection, event, obj in held:
+            self._send(collection, event, obj)
+
+    def group_gets(self) -> int:
+        return sum(1 for c, _ in self.requests if c == GROUP_GET)
+
     def watch_count(self, collection: str) -> int:
         return sum(1 for c, _ in self.watchers if c == collection)
 
     def _emit(self, collection: str, event: str, obj: dict[str, Any]) -> None:
         self.history.append((self.rv, collection, event, obj))
+        if self.held is not None:
+            self.held.append((collection, event, obj))
+        else:
+            self._send(collection, event, obj)
+
+    def _send(self, collection: str, event: str, obj: dict[str, Any]) -> None:
         for c, queue in self.watchers:
             if c == collection and self._selected(collection, obj, queue):
                 queue.put_nowait((event, obj))
@@ -91,6 +117,7 @@ class FakeApi:
         app = web.Application()
         for collection, path in _PATHS.items():
             app.router.add_get(path, self._handler(collection))
+        app.router.add_get(f"/apis/{names.GROUP}/{names.VERSION}/namespaces/{{ns}}/{names.PLURAL}/{{name}}", self._get)
         self._runner = web.AppRunner(app, shutdown_timeout=0.1)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
@@ -119,6 +146,19 @@ class FakeApi:
             return self._list(collection, query)
 
         return handle
+
+    async def _get(self, request: web.Request) -> web.Response:
+        key = (request.match_info["ns"], request.match_info["name"])
+        self.requests.append((GROUP_GET, {"namespace": key[0], "name": key[1]}))
+        obj = copy.deepcopy(self.stale_gets.get(key) or self.objects[GROUPS].get(key))
+        self.get_read.set()
+        if self.get_gate is not None:
+            await self.get_gate.wait()
+        if obj is None:
+            status = {"kind": "Status", "code": 404, "reason": "NotFound", "message": f"{key[1]} not found"}
+            return web.json_response(status, status=404)
+        self.log.append(("get", key[1], int(obj["metadata"]["resourceVersion"])))
+        return web.json_response(obj)
 
     def _list(self, collection: str, query: dict[str, str]) -> web.Response:
         items = [o for o in self.objects[collection].values() if self._selected(collection, o)]
@@ -150,6 +190,8 @@ class FakeApi:
         try:
             while (item := await queue.get()) is not None:
                 await resp.write(json.dumps({"type": item[0], "object": item[1]}).encode() + b"\n")
+                if collection == GROUPS:
+                    self.log.append(("watch", item[0], int(item[1]["metadata"]["resourceVersion"])))
         finally:
             self.watchers.remove(entry)
         return resp

@@ -15,7 +15,7 @@ from kubernetes_asyncio import client
 
 from deviceshare.api import envnames, names
 from deviceshare.sandbox import Sandbox
-from deviceshare.webhooks import admission, certs, server
+from deviceshare.webhooks import admission, certs, misses, server
 from tests import waiting
 from tests.webhooks import fakeapi
 from tests.webhooks.fakeapi import GROUPS, PODS
@@ -134,10 +134,10 @@ async def test_metrics_count_outcomes(webhook: server.RunningWebhook, http: aioh
         line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines() if line and line[0] != "#"
     }
     prefix = "deviceshare_webhook_admission_requests_total"
-    assert samples[f'{prefix}{{outcome="patched"}}'] == 1
-    assert samples[f'{prefix}{{outcome="denied"}}'] == 1
-    assert samples[f'{prefix}{{outcome="skipped"}}'] == 1
-    assert samples["deviceshare_webhook_admission_duration_seconds_count"] == 3
+    assert samples[f'{prefix}{{path="/mutate-pods",result="patched"}}'] == 1
+    assert samples[f'{prefix}{{path="/mutate-pods",result="denied"}}'] == 1
+    assert samples[f'{prefix}{{path="/mutate-pods",result="skipped"}}'] == 1
+    assert samples['deviceshare_webhook_admission_duration_seconds_count{path="/mutate-pods"}'] == 3
     assert samples["deviceshare_webhook_cache_synced"] == 1
 
 
@@ -166,16 +166,41 @@ async def test_env_config_and_scheduler_name_are_used(
         await running.stop()
 
 
-async def test_an_unforeseen_pod_shape_is_denied_not_a_500(
-    webhook: server.RunningWebhook, http: aiohttp.ClientSession
+async def test_an_internal_error_is_a_plain_denial_with_the_details_only_in_the_log(
+    webhook: server.RunningWebhook, http: aiohttp.ClientSession, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     await webhook.webhook.lookup.wait_synced(waiting.HANG_GUARD)
-    body = pod("trainer", containers=["not-a-container"])  # type: ignore[list-item]
-    status, answer = await post(http, webhook, make_review(body, uid="odd"))
+
+    def broken(namespace: str, name: str) -> None:
+        raise KeyError("secret-internal-detail")
+
+    monkeypatch.setattr(webhook.webhook.lookup, "group", broken)
+    status, answer = await post(http, webhook, make_review(pod("trainer"), uid="odd"))
     assert status == 200
     assert answer["response"]["uid"] == "odd"
     assert answer["response"]["allowed"] is False
-    assert "could not process this pod" in answer["response"]["status"]["message"]
+    assert answer["response"]["status"]["code"] == 500
+    message = answer["response"]["status"]["message"]
+    assert "internal error" in message
+    assert "secret-internal-detail" not in json.dumps(answer) and "KeyError" not in json.dumps(answer)
+    assert "secret-internal-detail" in caplog.text  # the details: in the log, with the review's uid
+    assert "'odd'" in caplog.text
+
+
+async def test_pods_naming_missing_groups_cost_the_api_one_lookup_per_name(
+    webhook: server.RunningWebhook, http: aiohttp.ClientSession, fake_api: fakeapi.FakeApi
+) -> None:
+    assert webhook.index is not None and await webhook.index.wait_synced(5.0)
+    webhook.index.misses = misses.MissLimiter(clock=lambda: 0.0)  # time stands still: one interval
+    for _ in range(25):
+        _, answer = await post(http, webhook, make_review(pod("ghost")))
+        assert "'ghost' does not exist" in answer["response"]["status"]["message"]
+    assert fake_api.group_gets() == 1
+    for name in ("Ghost_1", "a" * 64, "x/../y"):  # cannot be a group's name: denied without asking
+        _, answer = await post(http, webhook, make_review(pod(name)))
+        assert "is not a valid group name" in answer["response"]["status"]["message"]
+    assert fake_api.group_gets() == 1
 
 
 async def test_a_group_created_just_before_its_pod_is_found_even_if_the_watch_lags(tmp_path: Any) -> None:

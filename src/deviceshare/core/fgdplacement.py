@@ -72,7 +72,7 @@ def seed_histogram(
     return workloadmix.ShapeHistogram.seeded(shapes, half_life)
 
 
-def _free_values(state: ledgers.NodeState, resource: str) -> dict[str, int]:
+def free_values(state: ledgers.NodeState, resource: str) -> dict[str, int]:
     """Device -> free compute milli, in inventory order (held, mixed or tile-split devices: 0)."""
     free = set(state.free.get(resource, ()))
     left = {
@@ -227,7 +227,7 @@ class FGDPlacement:
         cached = self._signatures.get(key)
         if cached is not None and cached[0] is state:
             return cached[1]
-        values = _free_values(state, resource).values()
+        values = free_values(state, resource).values()
         sig = frag.signature_of(resource, min(state.info.cpu_milli - state.cpu_used, self._cpu_cap), values)
         self._signatures[key] = (state, sig)
         return sig
@@ -332,7 +332,7 @@ def _device_for(
     partial = {d.device: d for d in state.partial.get(resource, ())}
     free = set(state.free.get(resource, ()))
     memory_cap, tiles_cap = state.info.device_memory.get(resource), state.info.device_tiles.get(resource, 0)
-    for device, value in _free_values(state, resource).items():
+    for device, value in free_values(state, resource).items():
         if value not in values:
             continue
         left = partial.get(device)

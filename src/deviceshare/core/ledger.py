@@ -17,7 +17,7 @@ maps (what a reservation must pass, what a node has left) are in ``holdings``.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from deviceshare.api import names
 from deviceshare.core import capacity, claims, holdings, inventory, snapshots
@@ -54,6 +54,7 @@ class DeviceLedger:
         self._used: dict[str, tuple[int, int]] = {}
         self._indexes = snapshots.Indexes()
         self._snapshot: LedgerSnapshot | None = None
+        self._subscribers: list[Callable[[str, NodeState | None], None]] = []
 
     @property
     def revision(self) -> int:
@@ -285,6 +286,14 @@ class DeviceLedger:
             self._revision += 1
             return RebuildReport(len(self._allocs), self._conflicts(), tuple(problems))
 
+    def subscribe(self, on_node: Callable[[str, NodeState | None], None]) -> None:
+        """Call ``on_node(name, state)`` for every node now, then after each change (None: gone), under the lock."""
+        with self._lock:
+            self._subscribers.append(on_node)
+            for shard in self._shards:
+                for name, state in shard.items():
+                    on_node(name, state)
+
     def snapshot(self) -> LedgerSnapshot:
         """An immutable view for placement; the same object while the revision stays put."""
         with self._lock:
@@ -310,21 +319,25 @@ class DeviceLedger:
         holdings.hold(self._held, self._uses, allocation)
 
     def _refresh(self, name: str) -> None:
-        """Recompute one node's state and its place in the free-capacity indexes."""
+        """Recompute one node's state and its place in the free-capacity indexes; tell the subscribers."""
         info = self._info.get(name)
         i = hash(name) % _SHARDS
         if self._shared[i]:
             self._shards[i] = dict(self._shards[i])
             self._shared[i] = False
+        state: NodeState | None = None
         if info is None:
             self._shards[i].pop(name, None)
             self._indexes.file(name, {}, frozenset())
-            return
-        free, partial = holdings.left_on(name, info, self._held, self._uses)
-        cpu, memory = self._used.get(name, (0, 0))
-        self._shards[i][name] = NodeState(info, free, cpu, memory, partial)
-        is_open = info.shared and info.ready and not info.unschedulable and not info.problems
-        if is_open:
-            self._indexes.file(name, {r: len(ids) for r, ids in free.items() if ids}, snapshots.part_entries(partial))
         else:
-            self._indexes.file(name, {}, frozenset())
+            free, partial = holdings.left_on(name, info, self._held, self._uses)
+            cpu, memory = self._used.get(name, (0, 0))
+            state = self._shards[i][name] = NodeState(info, free, cpu, memory, partial)
+            is_open = info.shared and info.ready and not info.unschedulable and not info.problems
+            if is_open:
+                free_counts = {r: len(ids) for r, ids in free.items() if ids}
+                self._indexes.file(name, free_counts, snapshots.part_entries(partial))
+            else:
+                self._indexes.file(name, {}, frozenset())
+        for on_node in self._subscribers:
+            on_node(name, state)

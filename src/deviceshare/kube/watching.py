@@ -66,8 +66,22 @@ class Backoff:
         self.attempts = 0
 
 
+@dataclass(frozen=True)
+class Listing:
+    """A whole collection as one list returned it: its items, and the resourceVersion it is a picture of (a
+    watch started from that version misses nothing that happened after the list)."""
+
+    items: list[dict[str, Any]]
+    resource_version: str | None
+
+
 class Reflector:
-    """Keeps a :class:`Sink` in step with one collection until cancelled; see the module docstring."""
+    """Keeps a :class:`Sink` in step with one collection until cancelled; see the module docstring.
+
+    ``resume_from``: the caller has already listed the collection at that resourceVersion (and handed the list
+    to the sink itself): watch from there, with no list of our own first, as client-go's informers do after
+    their initial list. Nothing that happened after the caller's list is missed, and nothing is listed twice.
+    """
 
     def __init__(
         self,
@@ -79,6 +93,7 @@ class Reflector:
         request_timeout_s: float = 30.0,
         page_size: int = 500,
         backoff: Backoff | None = None,
+        resume_from: str | None = None,
     ) -> None:
         self._list_call = list_call
         self._sink = sink
@@ -88,8 +103,10 @@ class Reflector:
         self._page_size = page_size
         self._backoff = backoff or Backoff()
         self.synced = asyncio.Event()
-        self.resource_version: str | None = None
+        self.resource_version: str | None = resume_from
         self.relists = 0
+        if resume_from is not None:
+            self.synced.set()
 
     async def wait_synced(self, timeout_s: float) -> bool:
         """Whether the first list has arrived, waiting at most ``timeout_s``."""

@@ -17,9 +17,9 @@ from deviceshare.core import fgdplacement
 from deviceshare.core import ledger as ledgers
 
 from . import events as events_
+from . import fleetmetrics, settling, storage, tallies
 from . import metrics as metrics_
 from . import state as state_
-from . import storage
 from .config import OperatorConfig
 
 logger = logging.getLogger(__name__)
@@ -63,6 +63,8 @@ class Context:
       the scheduler and the reconciler what they decided and wrote.
     - ``unschedulable``: the scheduler sets a group's reason, the scheduler and the reconciler drop it.
     - ``conflicts``: found by the rebuild (:meth:`adopt`); the reconciler drops a group that released.
+    - ``unsettled``: placements whose claim's write ended uncertain (``settling.py``); the scheduler adds, whoever
+      holds the group's lock next settles it; a rebuild starts with none.
     """
 
     def __init__(
@@ -81,10 +83,15 @@ class Context:
         self.locks: Final = GroupLocks()
         # Events are posted in the background so a slow API never holds a group lock; repeats are counted.
         self.recorder: Final = recorder if recorder is not None else events_.EventRecorder()
-        # The last reason each Pending group could not be placed, shown in its Scheduled condition.
-        self.unschedulable: Final[dict[state_.GroupKey, str]] = {}
+        # The last reason each Pending group could not be placed, shown in its Scheduled condition (counted by
+        # reason kind for the unschedulable-groups gauge).
+        self.unschedulable: Final[tallies.Tally[state_.GroupKey, str]] = tallies.Tally(
+            lambda key, message: fleetmetrics.waiting_class(message, self._state.groups.get(key))
+        )
         # Groups whose devices are also claimed by another group (found at rebuild): key -> other holders.
         self.conflicts: Final[dict[state_.GroupKey, set[state_.GroupKey]]] = {}
+        # Placements whose status write's answer was lost: resolved before anything else about the group.
+        self.unsettled: Final = settling.Unsettled()
         self.background: Final[set[asyncio.Task[None]]] = set()
         self._events: collections.deque[tuple[state_.PodRecord | state_.GroupRecord, str, str, bool]] = (
             collections.deque()
@@ -94,6 +101,9 @@ class Context:
         # schedulingStrategy fgd: the policy and its target workload, learned from the groups placed.
         self._fgd = fgdplacement.FGDPlacement()
         self.metrics.bind_ledger(self._ledger)
+        self.metrics.bind_state(self._state)
+        self.metrics.bind_context(self)
+        api.on_write = self.metrics.api_write
 
     @property
     def ledger(self) -> ledgers.DeviceLedger:
@@ -118,9 +128,11 @@ class Context:
         """Replace everything known about the cluster with a rebuild's result, in one step (no await)."""
         self._ledger, self._state, self._fgd = ledger, state, fgd
         self.metrics.bind_ledger(ledger)
+        self.metrics.bind_state(state)
         self.conflicts.clear()
         self.conflicts.update(conflicts)
         self.unschedulable.clear()
+        self.unsettled.clear()
 
     def event(
         self, obj: state_.PodRecord | state_.GroupRecord, reason: str, message: str, *, warning: bool = False

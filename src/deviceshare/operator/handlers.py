@@ -1,12 +1,13 @@
-"""Kopf, all of it: the handlers (login, start-up, clean-up, node events) and :func:`run`, Kopf's main loop.
+"""Kopf, all of it: the handlers (login, start-up, clean-up) and :func:`run`, Kopf's main loop.
 
 Everything that names ``kopf`` lives here (and the flags in ``command.py``); the rest of the operator never sees
 it. Handlers are thin on purpose, and ``async`` on purpose: Kopf runs sync handlers in a thread pool, and our
 state is owned by the event loop. Handlers are registered on a registry passed in, so tests can run several
 isolated operators (e.g. two replicas electing a leader) in one process. Only ``on.event`` handlers are used:
 Kopf then keeps no progress annotations on our objects, and our own finalizer (not Kopf's) guards group
-deletion. Groups and pods, nearly all the events, come through the intake's own reflectors instead
-(see ``intake.Intake.watch``): Kopf's per-event machinery cost more than the decisions.
+deletion. Nodes, groups and pods come through the intake's own reflectors instead (see
+``intake.Intake.watch``): Kopf's per-event machinery cost more than the decisions, and our watches resume from
+the rebuild's lists at each leadership term, which Kopf's cannot.
 """
 
 from __future__ import annotations
@@ -114,8 +115,5 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
             await runtime.stop()
             await runtime.ctx.api.close()
 
-    @kopf.on.event("v1", "nodes", registry=registry)
-    async def node_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
-        memo.runtime.intake.on_node(event["type"], event["object"])
-
-    # Groups and pods come through the intake's own reflectors (see intake.Intake.watch).
+    # Nodes, groups and pods come through the intake's own reflectors (see intake.Intake.watch): each term's
+    # watches resume from the rebuild's lists, so nothing that happens during a rebuild is lost.

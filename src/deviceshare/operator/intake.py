@@ -1,9 +1,10 @@
 """Intake: what the cluster tells us goes into the operator's state, and the work it makes due into the queues.
 
-Watch events come from Kopf (nodes, see ``handlers.py``) and from our own reflectors (groups and pods, through a
-:class:`Feed` each). Every ``on_*`` method is synchronous and cheap: it updates the ledger and the records in
-``ctx.state``, then makes pods due for a decision (:class:`~.queueing.SchedulingQueue`) and groups due for a
-status reconcile (:class:`~.queueing.ReconcileQueue`). Nothing here decides or writes to the API.
+Watch events come from our own reflectors (nodes, groups and pods, through a :class:`NodeFeed` and a
+:class:`Feed` each; Kopf only logs in and runs the lifecycle, see ``handlers.py``). Every ``on_*`` method is
+synchronous and cheap: it updates the ledger and the records in ``ctx.state``, then makes pods due for a
+decision (:class:`~.queueing.SchedulingQueue`) and groups due for a status reconcile
+(:class:`~.queueing.ReconcileQueue`). Nothing here decides or writes to the API.
 
 Deletions can be missed (a watch that relists, or hangs without an error); three things catch them: a list that
 lacks an object we hold (:meth:`Feed.replace`), a member a release waits on read again (:meth:`Intake.pod_read`,
@@ -44,19 +45,23 @@ class Intake:
         self.pod_reflector: watching.Reflector | None = None
         self.group_reflector: watching.Reflector | None = None
 
-    def watch(self, quotas: watching.Sink) -> list[asyncio.Task[None]]:
-        """Start watching groups, pods and ResourceQuotas (into ``quotas``); the tasks run until cancelled.
+    def watch(self, quotas: watching.Sink, *, resume_from: Mapping[str, str | None]) -> list[asyncio.Task[None]]:
+        """Start watching nodes, groups, pods and ResourceQuotas (into ``quotas``); the tasks run until cancelled.
 
-        Called once, when first elected: the rebuild just listed them, and a standby has no use for them (its
-        state is replaced when it is elected). Their first lists replace the rebuild's.
+        Called at the start of each term, right after the rebuild listed nodes, groups and pods: their watches
+        resume from those lists' resourceVersions (``resume_from``, by ``nodes``/``groups``/``pods``), so what
+        happened during the rebuild arrives as events on the state the rebuild made.
         """
         loop, api = asyncio.get_running_loop(), self.ctx.api
+        nodes = NodeFeed(self)
         groups = Feed(self.ctx, "group", lambda: self.ctx.state.groups, self.on_group, self.group_gone)
         pods = Feed(self.ctx, "pod", lambda: self.ctx.state.pods, self.on_pod, self.pod_gone)
-        self.group_reflector = api.group_reflector(groups)
-        self.pod_reflector = api.pod_reflector(pods)
+        node_reflector = api.node_reflector(nodes, resume_from=resume_from.get("nodes"))
+        self.group_reflector = api.group_reflector(groups, resume_from=resume_from.get("groups"))
+        self.pod_reflector = api.pod_reflector(pods, resume_from=resume_from.get("pods"))
         quota_reflector = api.quota_reflector(quotas)  # device budgets (quotas.py)
         return [
+            loop.create_task(node_reflector.run(), name="watch nodes"),
             loop.create_task(self.group_reflector.run(), name="watch groups"),
             loop.create_task(self.pod_reflector.run(), name="watch pods"),
             loop.create_task(quota_reflector.run(), name="watch resourcequotas"),
@@ -178,7 +183,8 @@ class Intake:
         only a 404 or another uid under its name counts as deleted.
         """
         ctx = self.ctx
-        pods, groups = await asyncio.gather(ctx.api.list_pods(), ctx.api.list_groups())
+        pod_list, group_list = await asyncio.gather(ctx.api.list_pods(), ctx.api.list_groups())
+        pods, groups = pod_list.items, group_list.items
         listed = {str((b.get("metadata") or {}).get("uid", "")) for b in pods}
         forgotten = 0
         for pod in [p for p in ctx.state.pods.values() if p.uid not in listed]:
@@ -198,6 +204,27 @@ class Intake:
                 self.group_gone(group.key, group.uid)
                 forgotten += 1
         return forgotten
+
+
+class NodeFeed:
+    """The node reflector's sink: every node event, and each relist's nodes, go to :meth:`Intake.on_node`; a
+    node a relist lacks was deleted while the watch was down."""
+
+    def __init__(self, intake: Intake) -> None:
+        self._intake = intake
+
+    def apply(self, event_type: str, obj: Mapping[str, Any]) -> None:
+        self._intake.on_node(event_type, obj)
+
+    def replace(self, objects: list[Mapping[str, Any]], resource_version: str | None = None) -> None:
+        listed = {str((b.get("metadata") or {}).get("name", "")) for b in objects}
+        for body in objects:
+            self._intake.on_node("ADDED", body)
+        if resource_version is None:
+            return
+        for node in self._intake.ctx.ledger.nodes():
+            if node.name not in listed:
+                self._intake.on_node("DELETED", {"metadata": {"name": node.name}})
 
 
 class Feed:

@@ -15,7 +15,14 @@ rules are those of client-go's ``leaderelection`` (kube-scheduler, controller-ru
   waiting out the lease duration.
 
 When elected, the runtime rebuilds its ledger from the API before it decides anything (it saw no
-events while standing by); see ``Runtime._elected``.
+events while standing by); see ``Runtime._elected``. Renewals go on meanwhile, as client-go's do.
+
+**Fencing.** :meth:`Leadership.remaining` is the fence every write of the operator passes
+(``storage.Fence``): a replica that does not hold the Lease sends nothing, and a leader's write carries a
+server-side deadline no later than its renew deadline counted from its last renewal. Another replica can
+take the Lease only once it has seen no change for the lease duration, which is longer: by then every write
+the old leader sent has landed or been given up by the server. (client-go has no such fence; its callers
+rely on the lease timings alone.)
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ import asyncio
 import datetime
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any, Protocol
 
 from .storage import Conflict, Gone
@@ -147,7 +154,13 @@ class LeaseElector:
 
 
 class Leadership:
-    """Runs the election and flips ``active``; the runtime's elect/depose hooks start and stop scheduling."""
+    """Runs the election, and is the fence every write of this replica passes (:meth:`remaining`).
+
+    As client-go does it: renewals run from the moment of acquisition, concurrently with the take-over
+    (``on_elected``: the settle and the rebuild, which may take longer than the lease duration); the renew
+    deadline counts from the last successful renewal; a renewal round that sees another holder deposes at once.
+    ``active`` is set once the take-over is done (scheduling runs) and cleared when leadership ends.
+    """
 
     def __init__(
         self,
@@ -155,7 +168,7 @@ class Leadership:
         *,
         renew_deadline: float,
         retry_period: float,
-        on_elected: Callable[[], Awaitable[None]],
+        on_elected: Callable[[], Coroutine[Any, Any, None]],
         on_deposed: Callable[[], Awaitable[None]],
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -166,6 +179,17 @@ class Leadership:
         self._clock = clock
         self.active = asyncio.Event()
         self.connected = False  # the last call to the API succeeded (for /readyz)
+        self.terms = 0  # leadership terms begun (acquisitions)
+        self._holding = False
+        self._renewed_at = 0.0  # our clock just before the request of the last successful acquire or renew
+
+    def remaining(self) -> float | None:
+        """The fence (``storage.Fence``): how long a write sent now may take to land and still be ours to
+        send. Counted from the last renewal, so it closes on time even if the renewal loop is stuck."""
+        if not self._holding:
+            return None
+        left = self._renewed_at + self.renew_deadline - self._clock()
+        return left if left > 0 else None
 
     async def _attempt(self, within: float) -> bool:
         try:
@@ -179,24 +203,49 @@ class Leadership:
         return ok
 
     async def run(self) -> None:
-        while True:
-            await self._acquire()
-            try:
-                await self._on_elected()
-            except Exception:
-                logger.exception("could not take over; releasing the lease and trying again")
+        try:
+            while True:
+                await self._acquire()
+                await self._lead()
+        finally:  # cancelled (a stop): nothing this replica sends from here on counts as the leader's
+            self._holding = False
+            self.active.clear()
+
+    async def _lead(self) -> None:
+        """One term: renew from the start, take over meanwhile; end it when the Lease is lost (or the take-over
+        failed, releasing the Lease)."""
+        loop = asyncio.get_running_loop()
+        renewing = loop.create_task(self._renew(), name="lease renewal")
+        taking_over = loop.create_task(self._on_elected(), name="take-over")
+        try:
+            await asyncio.wait({renewing, taking_over}, return_when=asyncio.FIRST_COMPLETED)
+            if taking_over.done() and not taking_over.cancelled() and taking_over.exception() is not None:
+                logger.error("could not take over; releasing the lease and trying again",
+                             exc_info=taking_over.exception())
+                self._holding = False
+                renewing.cancel()
+                await asyncio.gather(renewing, return_exceptions=True)
                 await self._release_quietly()
                 await asyncio.sleep(self.retry_period)
-                continue
-            self.active.set()
-            await self._renew()
-            logger.warning("%s lost the lease: scheduling stopped", self.identity)
+                return
+            if not renewing.done():
+                self.active.set()
+                await renewing
+        finally:
+            self._holding = False  # the fence closes before anything else happens
             self.active.clear()
-            await self._on_deposed()
+            for task in (renewing, taking_over):
+                task.cancel()
+            await asyncio.gather(renewing, taking_over, return_exceptions=True)
+        logger.warning("%s lost the lease: scheduling stopped", self.identity)
+        await self._on_deposed()
 
     async def _acquire(self) -> None:
         while True:
+            started = self._clock()
             if await self._attempt(self.retry_period):
+                self._renewed_at, self._holding = started, True
+                self.terms += 1
                 break
             await asyncio.sleep(self.retry_period)
         logger.info("%s acquired the lease %s/%s: rebuilding the ledger before scheduling",
@@ -204,20 +253,23 @@ class Leadership:
 
     async def _renew(self) -> None:
         """Return when leadership is lost: another holder seen, or no renewal for ``renew_deadline``."""
-        renewed = self._clock()
         while True:
             await asyncio.sleep(self.retry_period)
             started = self._clock()
-            if await self._attempt(renewed + self.renew_deadline - started):
-                renewed = started  # measured before the request: the lease runs at least from here
+            if await self._attempt(self._renewed_at + self.renew_deadline - started):
+                self._renewed_at = started  # measured before the request: the lease runs at least from here
             elif self.elector.holder not in (None, self.identity):
                 return  # someone else holds it now
-            if self._clock() - renewed >= self.renew_deadline:
+            if self._clock() - self._renewed_at >= self.renew_deadline:
                 return
 
-    async def release(self) -> None:
-        """On a graceful stop, after scheduling has stopped: hand the Lease over at once."""
+    async def release(self, *, after: Callable[[], Awaitable[None]] | None = None) -> None:
+        """On a graceful stop, after scheduling has stopped: hand the Lease over at once. ``after`` is awaited
+        between closing the fence and releasing (writes already sent must have settled first)."""
+        self._holding = False
         self.active.clear()
+        if after is not None:
+            await after()
         await self._release_quietly()
 
     async def _release_quietly(self) -> None:

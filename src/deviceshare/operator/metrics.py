@@ -4,86 +4,25 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+import prometheus_client
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.registry import Collector
 
 from deviceshare import errors
-from deviceshare.core import capacity
+
+from . import fleetmetrics, nodemetrics
 
 if TYPE_CHECKING:
-    from deviceshare.core.inventory import NodeInfo
     from deviceshare.core.ledger import DeviceLedger
 
+    from .state import ClusterState, GroupRecord
+
 logger = logging.getLogger(__name__)
-
-
-class _LedgerCollector(Collector):
-    """Free and allocated devices per node and resource, read from the ledger at scrape time.
-
-    With sharing (CONTRACT §7) a device may be partly given out, so the compute (in devices, a
-    whole-held device counting 1) and the device memory (bytes, where the node declares it) handed
-    out per node and resource are exported beside the device counts.
-    """
-
-    def __init__(self) -> None:
-        self.ledger: DeviceLedger | None = None
-
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        labels = ["node", "resource"]
-        free = GaugeMetricFamily("deviceshare_devices_free", "Devices no group holds", labels=labels)
-        used = GaugeMetricFamily("deviceshare_devices_allocated", "Devices held by a group", labels=labels)
-        compute = GaugeMetricFamily(
-            "deviceshare_compute_allocated",
-            "Device compute given out, in devices (a whole-held device counts 1, a 460m share 0.46)",
-            labels=labels,
-        )
-        memory = GaugeMetricFamily(
-            "deviceshare_device_memory_allocated_bytes",
-            "Device memory given out (whole-held devices count their declared memory)", labels=labels,
-        )
-        memory_cap = GaugeMetricFamily(
-            "deviceshare_device_memory_bytes", "Device memory the node declares, over its devices", labels=labels
-        )
-        tiles = GaugeMetricFamily("deviceshare_tiles_allocated", "Device tiles held by groups", labels=labels)
-        if self.ledger is not None:
-            for node in self.ledger.nodes():
-                for resource, ids in node.devices.items():
-                    key = [node.name, resource]
-                    n_free = len(self.ledger.free_devices(node.name, resource))
-                    free.add_metric(key, n_free)
-                    used.add_metric(key, len(ids) - n_free)
-                    milli, mem, n_tiles = self._given_out(node, resource, ids)
-                    compute.add_metric(key, milli / 1000)
-                    per_device = node.device_memory.get(resource)
-                    if per_device is not None:
-                        memory.add_metric(key, mem)
-                        memory_cap.add_metric(key, per_device * len(ids))
-                    if node.device_tiles.get(resource):
-                        tiles.add_metric(key, n_tiles)
-        yield free
-        yield used
-        yield compute
-        yield memory
-        yield memory_cap
-        yield tiles
-
-    def _given_out(self, node: NodeInfo, resource: str, ids: Sequence[str]) -> tuple[int, int, int]:
-        """(compute milli, memory bytes, tiles) held on the node's devices of ``resource``."""
-        assert self.ledger is not None
-        per_device = node.device_memory.get(resource, 0)
-        milli = mem = tiles = 0
-        for device in ids:
-            use = self.ledger.use(node.name, resource, device)
-            if use is not None:
-                milli, mem, tiles = milli + use.compute_milli, mem + use.memory_bytes, tiles + len(use.tiles)
-            elif self.ledger.holder(node.name, resource, device) is not None:
-                milli, mem = milli + capacity.COMPUTE_FULL, mem + per_device
-        return milli, mem, tiles
+# No `_created` series: one more sample per counter and histogram that no dashboard or alert reads.
+prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
 
 
 class Metrics:
@@ -101,6 +40,12 @@ class Metrics:
         )
         self.api_conflicts = Counter(
             "deviceshare_api_conflicts", "409 Conflict answers from the API server", registry=r
+        )
+        self.api_writes = Counter(
+            "deviceshare_api_writes",
+            "API writes by verb, resource and result: ok, conflict (409), uncertain_resolved (the answer was lost "
+            "and the object read back told the outcome), failed, fenced (not sent: this replica is not the leader)",
+            ["verb", "resource", "result"], registry=r,
         )
         self.api_retries = Counter(
             "deviceshare_api_retries", "Writes retried after a transient API error", registry=r
@@ -126,14 +71,59 @@ class Metrics:
         )
         self.queue_pending = Gauge("deviceshare_queue_pending", "Pods waiting for a decision", registry=r)
         self.queue_parked = Gauge("deviceshare_queue_parked", "Pods parked as unschedulable", registry=r)
-        self._ledger = _LedgerCollector()
-        r.register(self._ledger)
+        self.rebuilds = Counter("deviceshare_rebuilds", "Ledger rebuilds from the API (start, election)", registry=r)
+        self.rebuild_objects = Gauge(
+            "deviceshare_rebuild_objects", "Objects the last ledger rebuild read, by kind", ["kind"], registry=r
+        )
+        self.rebuild_untrusted = Gauge(
+            "deviceshare_rebuild_untrusted_claims",
+            "Pods the last rebuild found claiming devices no record of the operator backs (ignored, reported)",
+            registry=r,
+        )
+        self.time_to_bound = Histogram(
+            "deviceshare_group_time_to_bound_seconds",
+            "From a group's creation to its status turning Bound",
+            buckets=fleetmetrics.TIME_TO_BOUND_BUCKETS,
+            registry=r,
+        )
+        self.fleet = fleetmetrics.FleetCollector()
+        r.register(self.fleet)
+        # Per node and resource: rendered as text per changed node, outside the registry (see nodemetrics).
+        self.nodes = nodemetrics.NodeGauges(active=lambda: self.fleet.leading is None or self.fleet.leading())
+
+    def api_write(self, verb: str, resource: str, result: str) -> None:
+        self.api_writes.labels(verb, resource, result).inc()
 
     def bind_ledger(self, ledger: DeviceLedger) -> None:
-        self._ledger.ledger = ledger
+        self.nodes.bind(ledger)
+        self.fleet.track(ledger)
+
+    def bind_context(self, source: fleetmetrics.FleetSource) -> None:
+        """The groups, reasons and workload the fleet gauges read (a Context: its properties follow rebuilds)."""
+        self.fleet.source = source
+
+    def bind_state(self, state: ClusterState) -> None:
+        """Hear the groups' phase changes (time-to-bound) of ``state``, the one a rebuild just made current."""
+        state.groups.on_change = self._group_changed
+
+    def bind_leader(self, leading: Callable[[], bool]) -> None:
+        """``leading()`` says whether this replica schedules: ``deviceshare_leader``, and what a standby hides."""
+        self.fleet.leading = leading
+
+    def rebuilt(self, seconds: float, nodes: int, groups: int, pods: int, *, untrusted: int = 0) -> None:
+        self.rebuild_seconds.set(seconds)
+        self.rebuilds.inc()
+        self.rebuild_untrusted.set(untrusted)
+        for kind, count in (("nodes", nodes), ("groups", groups), ("pods", pods)):
+            self.rebuild_objects.labels(kind).set(count)
+
+    def _group_changed(self, old: GroupRecord | None, new: GroupRecord | None) -> None:
+        waited = fleetmetrics.time_to_bound(old, new, time.time())
+        if waited is not None:
+            self.time_to_bound.observe(waited)
 
     def exposition(self) -> bytes:
-        return generate_latest(self.registry)
+        return generate_latest(self.registry) + self.nodes.text().encode()
 
 
 class MetricsServer:

@@ -8,6 +8,9 @@ doubles with each failure in a row (capped) and starts over after a success:
   what the API has (a group edited in a tight loop must not make us spin on 409s);
 - ``storage.Gone``: the group was deleted; we forget it, and the retry does what a gone group needs (release
   its devices once no member runs on them);
+- ``storage.RetryLater`` (a throttled or lost write that could not be resolved: ``Uncertain``): retried no sooner
+  than ``error_delay`` (or the server's Retry-After); what it could have claimed stays held meanwhile;
+- ``storage.Fenced``: this replica is being deposed and its loop is about to be cancelled: nothing to do;
 - anything else is a bug or an API outage: logged with its traceback, retried no sooner than ``error_delay``.
 
 Nothing a reconcile raises ends the loop. Cancelling the loop (a deposed leader) cancels the reconciles in flight.
@@ -84,6 +87,11 @@ class ReconcileLoop:
         except storage.Gone:
             self.ctx.state.groups.pop(gkey, None)
             self._retry(gkey, "gone")
+        except storage.Fenced:
+            pass
+        except storage.RetryLater as e:
+            delay = self._retry(gkey, "api", at_least=max(self._error_delay, e.delay))
+            logger.warning("reconciling group %s/%s: %s; retrying in %.1fs", *gkey, e, delay)
         except Exception:
             delay = self._retry(gkey, "error", at_least=self._error_delay)
             logger.exception("reconciling group %s/%s failed; retrying in %.1fs", *gkey, delay)

@@ -76,6 +76,7 @@ class GroupReconciler:
 
     async def _reconcile_locked(self, gkey: state_.GroupKey) -> bool:
         ctx = self.ctx
+        await ctx.unsettled.settle(ctx.api, ctx.ledger, ctx.state, gkey)  # a claim whose write ended uncertain
         group = ctx.state.groups.get(gkey)
         on_devices = ctx.state.members_on_devices(gkey)
         allocation = ctx.ledger.allocation(gkey)
@@ -167,7 +168,9 @@ class GroupReconciler:
 
     async def _release_lost(self, group: state_.GroupRecord, why: str) -> bool:
         """The node is gone or NotReady and nothing runs there: Pending again, status first then ledger."""
-        self.ctx.state.keep(await self.ctx.api.patch_group_status(group.key, statuses.node_lost(group, why)))
+        self.ctx.state.keep(await self.ctx.api.patch_group_status(
+            group.key, statuses.node_lost(group, why), uid=group.uid, resource_version=group.resource_version
+        ))
         self.ctx.ledger.release(group.key)
         self.ctx.event(group, "NodeLost", f"{why}; devices released, the group will be placed again", warning=True)
         return True
@@ -211,7 +214,7 @@ class GroupReconciler:
 
     async def _set_finalizers(self, group: state_.GroupRecord, finalizers: list[str]) -> state_.GroupRecord:
         return self.ctx.state.keep(await self.ctx.api.set_group_finalizers(
-            group.key, finalizers, resource_version=group.resource_version
+            group.key, finalizers, uid=group.uid, resource_version=group.resource_version
         ))
 
     def _forget_conflicts(self, gkey: state_.GroupKey) -> None:
@@ -258,7 +261,9 @@ class GroupReconciler:
             ctx.event(group, "NodeLost", f"{node_lost}; devices stay held while a member still runs there",
                       warning=True)
         try:
-            written = await ctx.api.patch_group_status(gkey, desired)
+            written = await ctx.api.patch_group_status(
+                gkey, desired, uid=group.uid, resource_version=group.resource_version
+            )
         except storage.Gone:
             return
         ctx.state.keep(written)

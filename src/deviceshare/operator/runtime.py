@@ -6,6 +6,12 @@ here (bound, parked, retried, reported). Group status work runs in the :class:`~
 own loop, fed by the :class:`~.queueing.ReconcileQueue`. Before any of that starts, :meth:`Runtime.rebuild`
 reconstructs the ledger from the API, so a restarted (or newly elected) operator never hands out a device the
 API shows as taken. With an election, workers run only while this replica holds the Lease (``leadership.py``).
+
+Each term (a start, or an election) begins with one list of nodes, groups and pods: the rebuild's. The watches
+of that term resume from those lists' resourceVersions, so an event that happens during the rebuild is delivered
+to the state the rebuild made, never to the one it replaces, and nothing is listed twice. A deposed replica
+stops its watches with its workers: a standby has no use for them. Writes pass a fence (``storage.Fence``): the
+Lease's (``Leadership.remaining``) or, for a single replica, one that is open while it runs.
 """
 
 from __future__ import annotations
@@ -45,11 +51,13 @@ class Runtime:
         )
         self.intake = Intake(ctx, self.queue, self.reconciles, is_ours=self.scheduler.is_ours)
         self.reconciler = GroupReconciler(ctx, self.reconciles, pods=self.intake)
-        self._tasks: list[asyncio.Task[None]] = []  # the watches: from the first election to stop()
-        self._workers: list[asyncio.Task[None]] = []  # while we schedule
+        self._workers: list[asyncio.Task[None]] = []  # the term's watches and workers, while we schedule
+        self._listed: dict[str, str | None] = {}  # the rebuild's lists' resourceVersions: the watches go on from there
         self.started = False
         self.leadership: leadership_.Leadership | None = None
         self._election: asyncio.Task[None] | None = None
+        self._fence = storage.OpenFence(ctx.api.request_timeout)
+        ctx.metrics.bind_leader(lambda: self.scheduling)
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -57,6 +65,7 @@ class Runtime:
         """Single replica: rebuild and schedule now. Electing: stand by until we hold the Lease (leadership.py)."""
         config = self.ctx.config
         if config.lease_name is None:
+            self.ctx.api.fence = self._fence
             await self.rebuild()
             self._start_scheduling()
         else:
@@ -68,6 +77,7 @@ class Runtime:
                 elector, renew_deadline=config.renew_deadline, retry_period=config.retry_period,
                 on_elected=self._elected, on_deposed=self._deposed,
             )
+            self.ctx.api.fence = self.leadership
             self._election = asyncio.get_running_loop().create_task(self.leadership.run(), name="election")
         self.started = True
 
@@ -81,15 +91,15 @@ class Runtime:
 
     def _start_scheduling(self) -> None:
         loop = asyncio.get_running_loop()
-        if not self._tasks:
-            self._tasks = self.intake.watch(self.scheduler.quotas)
-        self._workers = [loop.create_task(self._worker(i)) for i in range(self.ctx.config.workers)]
+        self._workers = self.intake.watch(self.scheduler.quotas, resume_from=self._listed)
+        self._workers += [loop.create_task(self._worker(i)) for i in range(self.ctx.config.workers)]
         self._workers.append(loop.create_task(self.reconciler.run(released=self.queue.move_parked)))
         self._workers.append(loop.create_task(self._flush_loop()))
         self._workers.append(loop.create_task(self.intake.audit_loop()))
 
     async def _stop_scheduling(self) -> None:
-        """Cancel decisions in flight: a deposed replica must not keep writing."""
+        """Cancel decisions in flight (the fence is closed already: none of them writes any more) and the
+        term's watches."""
         workers, self._workers = self._workers, []
         await _cancel(workers)
         self.queue.clear()
@@ -101,22 +111,25 @@ class Runtime:
 
     async def stop(self) -> None:
         self.started = False
-        if self._election is not None:  # first, so that it cannot elect us again while we stop
+        self._fence.open = False  # first: from here on nothing of ours is sent
+        if self._election is not None:  # so that it cannot elect us again while we stop (closes its fence)
             await _cancel([self._election])
         await self._stop_scheduling()
-        if self.leadership is not None:  # no more writes from us: a successor may start at once
-            await self.leadership.release()
-        tasks, self._tasks = self._tasks, []
-        await _cancel(tasks)
+        if self.leadership is not None:  # a successor may start at once, once our last writes have settled
+            await self.leadership.release(after=self.ctx.api.settle)
         await self.ctx.drain()
 
     async def rebuild(self) -> ledgers.RebuildReport:
         """Replace all in-memory state with what the API shows now."""
         started = time.perf_counter()
         ctx = self.ctx
-        nodes, groups, pods = await asyncio.gather(
+        node_list, group_list, pod_list = await asyncio.gather(
             ctx.api.list_nodes(), ctx.api.list_groups(), ctx.api.list_pods()
         )
+        self._listed = {"nodes": node_list.resource_version, "groups": group_list.resource_version,
+                        "pods": pod_list.resource_version}
+        nodes, groups, pods = node_list.items, group_list.items, pod_list.items
+        del node_list, group_list, pod_list
         counts = (len(nodes), len(groups), len(pods))
         await asyncio.sleep(0)  # the step that resumed us holds gather's future, and so the bodies, until it ends
         # What follows makes ~10^5 objects that live on: the cyclic collector would walk the growing heap
@@ -156,7 +169,7 @@ class Runtime:
             gc.collect()
             gc.freeze()  # the rebuilt state lives on: later collections need not scan it again
         elapsed = time.perf_counter() - started
-        ctx.metrics.rebuild_seconds.set(elapsed)
+        ctx.metrics.rebuilt(elapsed, *counts, untrusted=len(sorted_claims.untrusted))
         logger.info(
             "ledger rebuilt in %.3fs: %d nodes, %d groups, %d pods, %d allocations, %d conflicts",
             elapsed, *counts, report.allocations, len(report.conflicts),
@@ -215,8 +228,10 @@ class Runtime:
             return
         try:
             await self.ctx.api.set_pod_scheduled_condition(pod.key, status="False", reason=reason, message=message)
-        except (storage.Gone, storage.Conflict):
+        except (storage.Gone, storage.Conflict, storage.Fenced):
             pass
+        except storage.RetryLater as e:  # written again the next time the pod is found unschedulable
+            logger.info("could not set PodScheduled on pod %s/%s: %s", *pod.key, e)
         except storage.Invalid as e:  # the event above still says why
             logger.warning("could not set PodScheduled on pod %s/%s: %s", *pod.key, e)
 

@@ -10,8 +10,14 @@ The order is what makes a crash at any step safe:
    annotations, which the API server writes onto the pod in the same write as ``spec.nodeName``
    (kube-apiserver's ``BindingREST``), so a pod is never bound without them nor annotated but unbound.
 A failure before step 2 completes releases the reservation. If the pod that placed its group vanishes
-before binding, the group's status is put back to Pending first and only then are the devices released,
-so the API never shows a claim the ledger has already given away.
+before binding, the group's status is put back to Pending first (conditional on the version we hold) and only
+then are the devices released, so the API never shows a claim the ledger has already given away.
+
+An outcome is never guessed (``storage`` reads back what a lost answer hid): a status write whose outcome stays
+unknown keeps its reservation and leaves the group *unsettled* (``settling.py``) until a read tells; a Binding
+whose outcome stays unknown keeps the group placed and the pod counted as our member (recorded before the
+Binding is sent), and the pod is bound again later. Nothing is rolled back on cancellation: a deposed leader
+writes nothing (the fence, ``storage.Fenced``), and the next term rebuilds from what the API shows.
 
 Whether the pod may join at all is the core's decision (:func:`deviceshare.core.joining.verdict`: the
 group is missing, deleting, invalid, conflicted or full; the pod fails the webhook's member rules); the
@@ -33,7 +39,7 @@ from deviceshare.core import budget as budget_
 from deviceshare.core import joining, placement
 from deviceshare.core import ledger as ledgers
 
-from . import quotas, statuses, storage
+from . import quotas, settling, statuses, storage
 from . import state as state_
 from .context import Context
 
@@ -87,6 +93,8 @@ class PodScheduler:
                 return Outcome(Result.SKIPPED)
             try:
                 outcome = await self._schedule_locked(pod, pod.group_key)
+            except storage.Fenced as e:  # this replica is being deposed: its queue is about to be cleared
+                return Outcome(Result.RETRY, str(e), retry_after=1.0)
             except storage.RetryLater as e:
                 self.ctx.metrics.api_retries.inc()
                 return Outcome(Result.RETRY, str(e), retry_after=e.delay)
@@ -109,6 +117,7 @@ class PodScheduler:
 
     async def _schedule_locked(self, pod: state_.PodRecord, gkey: state_.GroupKey) -> Outcome:
         """The cycle, top-down: may it join; the group's devices (placing it if none); one write; outcome."""
+        await self.ctx.unsettled.settle(self.ctx.api, self.ctx.ledger, self.ctx.state, gkey)
         group = await self._group(gkey)
         held = self.ctx.ledger.allocation(gkey)
         verdict = joining.verdict(
@@ -161,8 +170,12 @@ class PodScheduler:
             self.ctx.unschedulable[group.key] = decided
             return Outcome(Result.UNSCHEDULABLE, decided)
         try:
-            persisted = await self._persist(marked, decided)
-        except BaseException:
+            persisted = await self._persist(marked, decided, members := self._members(marked))
+        except storage.Uncertain:
+            # The claim may be in the API: the devices stay reserved until a read-back tells (settling.py).
+            self.ctx.unsettled.add(marked, statuses.bound(marked, decided, members))
+            raise
+        except Exception:  # refused, conflicted, gone or not sent: the API does not show the claim
             self.ctx.ledger.release(group.key)
             raise
         allocation = self.ctx.ledger.commit(group.key)
@@ -178,7 +191,8 @@ class PodScheduler:
         if names.GROUP_FINALIZER in group.finalizers:
             return group
         marked = self.ctx.state.keep(await self.ctx.api.set_group_finalizers(
-            group.key, [*group.finalizers, names.GROUP_FINALIZER], resource_version=group.resource_version
+            group.key, [*group.finalizers, names.GROUP_FINALIZER], uid=group.uid,
+            resource_version=group.resource_version,
         ))
         if marked.deleting or marked.spec != spec:
             return None
@@ -200,16 +214,21 @@ class PodScheduler:
         ctx.fgd.observe(request, pod.demand.cpu_milli)  # every group placed shapes fgd's target workload
         return decided
 
-    async def _persist(self, group: state_.GroupRecord, allocation: ledgers.Allocation) -> state_.GroupRecord:
+    def _members(self, group: state_.GroupRecord) -> list[str]:
+        # Pending members count too (statuses.member_names): the status is then already right once they
+        # are bound, and no second write follows the placement's.
+        return statuses.member_names(self.ctx.state, group, self.ctx.config.env_names)
+
+    async def _persist(
+        self, group: state_.GroupRecord, allocation: ledgers.Allocation, members: list[str]
+    ) -> state_.GroupRecord:
         """Write the allocation into the group's status, conditional on what we last saw of the group."""
         current = group
-        # Pending members count too (statuses.member_names): the status is then already right once they
-        # are bound, and no second write follows this one.
-        members = statuses.member_names(self.ctx.state, group, self.ctx.config.env_names)
         for _ in range(5):
             try:
                 return await self.ctx.api.patch_group_status(
-                    group.key, statuses.bound(current, allocation, members), resource_version=current.resource_version
+                    group.key, statuses.bound(current, allocation, members), uid=current.uid,
+                    resource_version=current.resource_version,
                 )
             except storage.Conflict:
                 self.ctx.metrics.api_conflicts.inc()
@@ -222,26 +241,35 @@ class PodScheduler:
     async def _bind(
         self, pod: state_.PodRecord, group: state_.GroupRecord, allocation: ledgers.Allocation, *, fresh: bool
     ) -> Outcome:
-        """Annotate-and-bind in one write; a group placed for this pod alone is rolled back if it fails."""
+        """Annotate-and-bind in one write; a group placed for this pod alone is rolled back if it fails for sure."""
         ctx = self.ctx
         gkey = group.key
         node = ctx.ledger.node(allocation.node)
         annotations = statuses.allocation_annotations(allocation, ctx.config.env_names, node)
+        # Written ahead: should the Binding land unseen (its answer lost), the pod is still our member, so its
+        # group never releases the devices under it.
+        ctx.state.record_binding(pod.key, pod.uid, group.name)
         try:
             # One write: the API server copies the Binding's annotations onto the pod with spec.nodeName.
             await ctx.api.bind_pod(pod.key, pod.uid, allocation.node, annotations)
+        except storage.Uncertain:
+            # Maybe bound: keep the group placed and the pod our member; it is bound again (or found bound) later.
+            raise
         except (storage.Gone, storage.Conflict) as e:
             # Deleted, recreated under the same name (another uid), or bound by someone else: not ours now.
+            ctx.state.forget_binding(pod.key, pod.uid)
             logger.info("pod %s/%s not bound: %s", *pod.key, e)
             await self._roll_back_alone(gkey, fresh, "the pod that placed the group went away before it was bound")
             return Outcome(Result.SKIPPED, str(e))
         except storage.Invalid as e:
             # Refused (an admission policy, RBAC, validation): the pod is still ours and still Pending.
+            ctx.state.forget_binding(pod.key, pod.uid)
             logger.warning("binding pod %s/%s refused: %s", *pod.key, e)
             await self._roll_back_alone(gkey, fresh, "the API server refused the binding of the first member")
             return Outcome(Result.REFUSED, f"the API server refused the binding to {allocation.node}: {e}")
-        except BaseException:
-            await self._roll_back_alone(gkey, fresh, "binding the first member failed; the group will be placed again")
+        except (storage.RetryLater, storage.Fenced):
+            # Not applied (throttled, or not sent): the group stays placed and the pod is bound on a later try.
+            ctx.state.forget_binding(pod.key, pod.uid)
             raise
         self._assume(pod, group, allocation, annotations, fresh=fresh)
         return Outcome(Result.BOUND, node=allocation.node)
@@ -269,14 +297,29 @@ class PodScheduler:
             await self._roll_back(gkey, why)
 
     async def _roll_back(self, gkey: state_.GroupKey, why: str) -> None:
-        """Un-place a group none of whose pods got bound: status first, then the ledger."""
-        group = self.ctx.state.groups.get(gkey)
-        try:
-            self.ctx.state.keep(await self.ctx.api.patch_group_status(gkey, statuses.rolled_back(group, why)))
-        except storage.Gone:
-            pass
-        except Exception:
-            # The API may still show the claim: keep the devices held; the reconciler retries.
-            logger.exception("could not roll back the placement of group %s/%s; devices stay held", *gkey)
+        """Un-place a group none of whose pods got bound: status first (conditional), then the ledger.
+
+        A 409 means the group changed: read again; while it still shows our claim, write again on top of it.
+        Any other failure keeps the devices held (the API may still show the claim): the group stays placed."""
+        ctx = self.ctx
+        allocation = ctx.ledger.allocation(gkey)
+        group = ctx.state.groups.get(gkey)
+        for _ in range(3):
+            if group is None or allocation is None or not settling.shows(group, allocation):
+                break  # the API does not show our claim (any more): nothing to undo there
+            try:
+                group = ctx.state.keep(await ctx.api.patch_group_status(
+                    gkey, statuses.rolled_back(group, why), uid=group.uid, resource_version=group.resource_version
+                ))
+                break
+            except storage.Conflict:
+                group = await ctx.api.read_group_if_exists(gkey)
+            except storage.Gone:
+                break
+            except Exception as e:
+                logger.warning("could not roll back the placement of group %s/%s (devices stay held): %s", *gkey, e)
+                return
+        else:
+            logger.warning("group %s/%s kept changing while its placement was rolled back; devices stay held", *gkey)
             return
-        self.ctx.ledger.release(gkey)
+        ctx.ledger.release(gkey)

@@ -19,6 +19,8 @@ from deviceshare.api import models, names
 from deviceshare.core import inventory
 from deviceshare.core import members as member_rules
 
+from . import tallies
+
 GroupKey = tuple[str, str]
 PodKey = tuple[str, str]
 
@@ -133,6 +135,7 @@ class GroupRecord:
     status: models.GroupStatus
     deleting: bool
     finalizers: tuple[str, ...]
+    created: str = ""  # metadata.creationTimestamp, as the API wrote it (time-to-bound is measured from it)
 
     @property
     def name(self) -> str:
@@ -163,6 +166,7 @@ def group_record(body: Mapping[str, Any]) -> GroupRecord:
         status=status,
         deleting=bool(meta.get("deletionTimestamp")),
         finalizers=tuple(meta.get("finalizers") or ()),
+        created=str(meta.get("creationTimestamp") or ""),
     )
 
 
@@ -217,7 +221,8 @@ class ClusterState:
 
     def __init__(self) -> None:
         self.pods: dict[PodKey, PodRecord] = {}
-        self.groups: dict[GroupKey, GroupRecord] = {}
+        # Counted by phase as it changes (the groups gauge reads the counts, never walks the groups).
+        self.groups: tallies.Tally[GroupKey, GroupRecord] = tallies.Tally(lambda _, group: group.status.phase)
         self._members: dict[GroupKey, set[PodKey]] = {}
         self._assumed: dict[PodKey, PodRecord] = {}  # what we wrote, until a watch event shows the binding
         self._bound: dict[PodKey, tuple[str, str]] = {}  # pod -> (uid, group name) we bound it into
@@ -228,6 +233,16 @@ class ClusterState:
         held = self.pods.get(key)
         if held is not None and held.uid == uid and held.member_of != group:
             self.upsert_pod(held)
+
+    def forget_binding(self, key: PodKey, uid: str) -> None:
+        """Undo :meth:`record_binding` for a Binding that certainly did not land."""
+        record = self._bound.get(key)
+        if record is None or record[0] != uid:
+            return
+        del self._bound[key]
+        held = self.pods.get(key)
+        if held is not None and held.uid == uid and held.member_of is not None and not held.node_name:
+            self.upsert_pod(dataclasses.replace(held, member_of=None))
 
     def assume(self, pod: PodRecord, node: str, annotations: Mapping[str, str], group: str) -> PodRecord:
         """``pod`` was bound to ``node`` as a member of ``group``, with ``annotations``, by us just now."""

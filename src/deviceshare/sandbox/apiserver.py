@@ -4,9 +4,10 @@ kmock gives the server (aiohttp on a loopback port), request parsing and its rea
 reactions added with that DSL (``sandbox.api[...] << ...``) still take precedence, so tests can
 script odd answers. Everything else is routed here the way kube-apiserver routes it: discovery
 documents (``discovery``), CRUD on collections and objects through admission, ``status``,
-``binding`` and ``scale`` subresources, server-side dry run (``dryRun=All``: see ``dryrun``), and
-Table output. Reading a request is in ``parsing``; watch streams, with resourceVersion resume,
-bookmarks, 410 Gone and ``timeoutSeconds``, are in ``watching``.
+``binding`` and ``scale`` subresources, server-side dry run (``dryRun=All``: see ``dryrun``),
+server-side apply (``applying``; every write's owner recorded by ``managedfields``), and Table output.
+Reading a request is in ``parsing``; watch streams, with resourceVersion resume, bookmarks, 410 Gone
+and ``timeoutSeconds``, are in ``watching``.
 """
 
 from __future__ import annotations
@@ -22,12 +23,14 @@ import kmock
 
 from deviceshare.sandbox import (
     admission,
+    applying,
     catalog,
     deployments,
     discovery,
     errors,
     faults,
     identity,
+    managedfields,
     parsing,
     patches,
     store,
@@ -65,7 +68,7 @@ class ApiServer(kmock.KubernetesScaffold):
         self.admission = webhooks
         self.users = dict(identity.DEFAULT_TOKENS if users is None else users)  # bearer token -> user
         self.faults = faults.Faults()
-        self._faulted_requests: set[asyncio.Task[aiohttp.web.StreamResponse]] = set()
+        self._held_requests: set[asyncio.Task[aiohttp.web.StreamResponse]] = set()
         self.bookmark_interval = bookmark_interval
         self.watches_gone = 0  # watches answered 410 Gone (for tests of client recovery)
         self.flowing = asyncio.Event()
@@ -79,6 +82,8 @@ class ApiServer(kmock.KubernetesScaffold):
         self._requests.append(request)
         try:
             return await self._handle(request)
+        except faults.Dropped:  # the connection is closed: whatever is answered here never arrives
+            return aiohttp.web.Response(status=500)
         except Exception as e:
             if self._errors:
                 self._errors[-1].append(e)
@@ -113,29 +118,77 @@ class ApiServer(kmock.KubernetesScaffold):
                 return response
             except NotImplementedError:
                 pass
-        fault = self.faults.take(str(request.method.value), request.url.path)
-        if fault is None:
-            return await self._served(request)
-        # A request already sent lands even if its client goes away while it is delayed or held (the
-        # last write of a killed process): it is served in a task of its own, which the client's
-        # disconnect, cancelling this handler, does not cancel.
-        served = asyncio.get_running_loop().create_task(self._faulted(fault, request))
-        self._faulted_requests.add(served)
-        served.add_done_callback(self._faulted_requests.discard)
-        return await asyncio.shield(served)
-
-    async def _faulted(self, fault: faults.Fault, request: kmock.Request) -> aiohttp.web.StreamResponse:
-        await fault.pause()
-        error = fault.error()
-        response = _json(error.status(), error.code, error.headers) if error else await self._served(request)
-        fault.answered.append(response.status)
-        return response
-
-    async def _served(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
         try:
-            return await self._serve(request)
+            method = str(request.method.value)
+            fault = self.faults.take(method, request.url.path)
+            if fault is not None and fault.hold:
+                return await self._held(fault, request)
+            if fault is None or fault.applied:
+                response = await self._serve(request)
+            else:
+                if fault.delay:
+                    await self._wait(fault, parsing.write_deadline(method, request.params))
+                self._fail(request, fault)
+                response = await self._serve(request)
+            if fault is not None and fault.applied:
+                if fault.delay:
+                    await asyncio.sleep(fault.delay)  # carried out, answered late
+                self._fail(request, fault)
+            return response
         except errors.ApiError as e:
             return _json(e.status(), e.code, e.headers)
+
+    async def _held(self, fault: faults.Fault, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        """Hold the request until the test releases it, then carry it out and answer as ``fault`` says. A
+        held request is already on its way (the last write of a killed process): it is served in a task of
+        its own, which the client's disconnect, cancelling this handler, does not cancel. A write held past
+        its own ``timeout`` is given up (504, not carried out), as by kube-apiserver."""
+        loop = asyncio.get_running_loop()
+        deadline = parsing.write_deadline(str(request.method.value), request.params)
+        arrived = loop.time()
+
+        async def serve() -> aiohttp.web.StreamResponse:
+            await fault.held()
+            try:
+                if deadline is not None and loop.time() - arrived > deadline:
+                    fault.given_up += 1
+                    raise errors.request_timeout()
+                self._fail(request, fault)
+                response = await self._serve(request)
+            except errors.ApiError as e:
+                response = _json(e.status(), e.code, e.headers)
+            fault.answered.append(response.status)
+            return response
+
+        served = loop.create_task(serve())
+        self._held_requests.add(served)
+        served.add_done_callback(self._held_requests.discard)
+        return await asyncio.shield(served)
+
+    async def _wait(self, fault: faults.Fault, deadline: float | None) -> None:
+        """An injected delay before a write: past the request's own ``timeout`` the server gives up on it
+        (504, not carried out), as kube-apiserver's handlers do once the request's context is done."""
+        try:
+            if deadline is not None and deadline < fault.delay:
+                await asyncio.sleep(deadline)
+                fault.given_up += 1
+                raise errors.request_timeout()
+            await asyncio.sleep(fault.delay)
+        except asyncio.CancelledError:  # the client went away: like kube-apiserver, nothing is carried out
+            fault.abandoned += 1
+            raise
+
+    @staticmethod
+    def _fail(request: kmock.Request, fault: faults.Fault) -> None:
+        """Answer as ``fault`` says: drop the connection, or raise its error (nothing if it only delays)."""
+        if fault.drop:
+            raw = request._raw_request
+            if raw is not None and raw.transport is not None:
+                raw.transport.close()
+            raise faults.Dropped()
+        error = fault.error()
+        if error is not None:
+            raise error
 
     async def _serve(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
         path = request.url.path.rstrip("/") or "/"
@@ -154,6 +207,8 @@ class ApiServer(kmock.KubernetesScaffold):
         if target.subresource and target.subresource not in rtype.subresources:
             raise errors.endpoint_not_found()
         params = request.params
+        parsing.check_custom_body(request, rtype)
+        manager = managedfields.manager_of(params, request.headers.get("User-Agent"))  # who writes, for managedFields
         # Set for every request: a connection's next request (same task) must not inherit it.
         store.DRY_RUN.set(parsing.dry_run(params, parsing.decode(request) if method == "DELETE" else None))
         ns = target.namespace if rtype.namespaced else None
@@ -161,7 +216,7 @@ class ApiServer(kmock.KubernetesScaffold):
             raise errors.method_not_allowed()  # namespaced objects live under /namespaces/NS/ only
         if target.subresource == "scale" and target.name:
             content_type, body = request.headers.get("Content-Type", ""), parsing.decode(request)
-            return _json(deployments.serve_scale(self.store, method, ns, target.name, content_type, body))
+            return _json(deployments.serve_scale(self.store, method, ns, target.name, content_type, body, manager))
         if method == "GET":
             if parsing.flag(params, "watch"):
                 return await watching.serve(self, request, rtype, ns, target.name)
@@ -176,7 +231,7 @@ class ApiServer(kmock.KubernetesScaffold):
             await self.admission.validate(rtype, ns, "CREATE", body, user=user)
             return self._bound(ns, store.meta(body).get("name", ""), body)
         if method == "POST" and target.name is None:
-            return await self._create(request, rtype, ns, user)
+            return await self._create(request, rtype, ns, user, manager)
         if method == "POST" and target.subresource == "binding" and ns:
             body = parsing.decode(request) or {}
             await self.admission.validate(rtype, ns, "CREATE", body, subresource="binding", user=user)
@@ -186,12 +241,20 @@ class ApiServer(kmock.KubernetesScaffold):
             if not isinstance(body, dict):
                 raise errors.bad_request("the body of an update must be an object")
             parsing.check_strict(request, rtype, body)
-            return _json(await self._update(rtype, ns, target, None, body, user))
+            return _json(await self._update(rtype, ns, target, None, body, user, manager))
         if method == "PATCH" and target.name:
             content_type = request.headers.get("Content-Type", patches.MERGE)
+            is_apply = content_type.split(";")[0].strip() == patches.APPLY
+            opts = applying.options(params, apply=is_apply)
             if "json-patch" not in content_type:
                 parsing.check_strict(request, rtype, parsing.decode(request))
-            return _json(await self._update(rtype, ns, target, content_type, parsing.decode(request), user))
+            if is_apply:  # server-side apply: see applying
+                obj, code = await applying.apply(
+                    self.store, self.admission, rtype, ns, target.name, target.subresource,
+                    parsing.decode(request), opts, user,
+                )
+                return _json(obj, code)
+            return _json(await self._update(rtype, ns, target, content_type, parsing.decode(request), user, manager))
         if method == "DELETE" and target.name and not target.subresource:
             return _json(self.store.delete(rtype, ns, target.name, parsing.decode(request)))
         if method == "DELETE" and target.name is None:
@@ -211,6 +274,7 @@ class ApiServer(kmock.KubernetesScaffold):
         content_type: str | None,
         body: Any,
         user: identity.User,
+        manager: str,
     ) -> dict[str, Any]:
         """PUT or PATCH through validating admission: the result is checked, then stored if the object
         did not change while admission ran (else the write is redone on the new version, as the real
@@ -219,6 +283,8 @@ class ApiServer(kmock.KubernetesScaffold):
             old, new = self.store.prepare_update(
                 rtype, ns, target.name or "", content_type, body, target.subresource
             )
+            managedfields.track_update(applying.shape_of(rtype), old, new, manager, rtype.api_version,
+                                       has_status=rtype.has_status, subresource=target.subresource)
             await self.admission.validate(
                 rtype, ns, "UPDATE", new, old, subresource=target.subresource or "", user=user
             )
@@ -263,7 +329,7 @@ class ApiServer(kmock.KubernetesScaffold):
         return _json(obj, status)
 
     async def _create(
-        self, request: kmock.Request, rtype: catalog.ResourceType, ns: str | None, user: identity.User
+        self, request: kmock.Request, rtype: catalog.ResourceType, ns: str | None, user: identity.User, manager: str
     ) -> aiohttp.web.Response:
         body = parsing.decode(request)
         if not isinstance(body, dict):
@@ -272,6 +338,8 @@ class ApiServer(kmock.KubernetesScaffold):
         md = body.setdefault("metadata", {})
         if rtype.namespaced and ns and not md.get("namespace"):
             md["namespace"] = ns
+        managedfields.track_update(applying.shape_of(rtype), None, body, manager, rtype.api_version,
+                                   has_status=rtype.has_status)
         body = await self.admission.admit_create(rtype, ns, body, user)
         await self.admission.validate(rtype, ns, "CREATE", body, user=user)
         return self._answer(request, rtype, self.store.create(rtype, ns, body), 201)

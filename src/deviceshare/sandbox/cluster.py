@@ -297,10 +297,15 @@ class Sandbox:
         retry_after: float | None = None,
         delay: float = 0.0,
         message: str = "injected fault",
+        applied: bool = False,
+        drop: bool = False,
+        every: int = 1,
         hold: bool = False,
     ) -> faults.Fault:
         """Make the next ``times`` requests of ``method`` whose path matches ``path`` fail or wait; with
-        ``hold``, each waits in flight until ``fault.release()`` (or ``clear_faults()``)."""
+        ``applied``, carry them out and then answer ``status`` (or, with ``drop``, close the connection);
+        with ``every=n``, only each n-th matching request; with ``hold``, each waits in flight until
+        ``fault.release()`` (or ``clear_faults()``) and is then carried out, its client there or not."""
         return self.api.faults.add(
             faults.Fault(
                 method.upper() if method else None,
@@ -310,6 +315,9 @@ class Sandbox:
                 retry_after,
                 delay,
                 message,
+                applied=applied,
+                drop=drop,
+                every=every,
                 hold=hold,
             )
         )

@@ -19,7 +19,7 @@ import hashlib
 from collections.abc import Mapping
 from typing import Any
 
-from deviceshare.sandbox import admission, errors, patches, store
+from deviceshare.sandbox import admission, errors, fieldshapes, managedfields, patches, store
 
 DeploymentKey = tuple[str, str]
 
@@ -217,9 +217,16 @@ def scale_of(deployment: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def serve_scale(
-    objects: store.ObjectStore, method: str, namespace: str | None, name: str, content_type: str, body: Any
+    objects: store.ObjectStore,
+    method: str,
+    namespace: str | None,
+    name: str,
+    content_type: str,
+    body: Any,
+    manager: str = "",
 ) -> dict[str, Any]:
-    """GET, PUT or PATCH ``deployments/{name}/scale``."""
+    """GET, PUT or PATCH ``deployments/{name}/scale``; ``manager`` then owns ``spec.replicas`` (an Update
+    entry with subresource ``scale``, as kube-apiserver records it)."""
     rtype = objects.catalog.lookup("deployments")
     current = objects.get(rtype, namespace, name)
     if method == "GET":
@@ -238,4 +245,9 @@ def serve_scale(
     patch: dict[str, Any] = {"spec": {"replicas": replicas}}
     if precondition:
         patch["metadata"] = {"resourceVersion": precondition}
-    return scale_of(objects.patch(rtype, namespace, name, patches.MERGE, patch))
+    old, new = objects.prepare_update(rtype, namespace, name, patches.MERGE, patch)
+    if manager:
+        managedfields.track_update(fieldshapes.root(None), old, new, manager, rtype.api_version,
+                                   has_status=rtype.has_status, subresource="scale")
+    stored = objects.commit_update(rtype, old, new)  # nothing ran in between: never None
+    return scale_of(stored if stored is not None else objects.get(rtype, namespace, name))

@@ -125,3 +125,11 @@ def internal(message: str) -> ApiError:
 
 def endpoint_not_found() -> ApiError:
     return ApiError(404, "NotFound", "the server could not find the requested resource")
+
+
+def request_timeout() -> ApiError:
+    """A write the server gave up on at its ``timeout`` (504; kube-apiserver's finisher, not carried out)."""
+    return ApiError(
+        504, "Timeout", "Timeout: request did not complete within requested timeout - context deadline exceeded",
+        details={"retryAfterSeconds": 0},
+    )

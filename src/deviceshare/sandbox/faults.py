@@ -1,10 +1,18 @@
-"""Scripted API failures for fault tests: the next N matching requests fail, are slowed down or held.
+"""Scripted API failures for fault tests: the next N matching requests fail, are slowed down, or lie.
 
 A fault matches on the HTTP method and a regular expression searched in the path (query
 excluded). It answers a real ``Status`` error (409, 429 with ``Retry-After``, 500, ...) and/or
-delays the request first; once it has fired ``times`` times it is spent. A held fault keeps each
-request it fired on in flight until :meth:`Fault.release` (a test kills a client while its request
-is held, then lets the request land), and ``answered`` records the status each one got, so a test
+delays the request first; once it has fired ``times`` times it is spent.
+
+Faults that lie, as kube-apiserver under load does: with ``applied`` the request is carried out first and
+*then* answered with ``status`` (e.g. ``504 Timeout``: "the server ... may still be processing the
+request") or, with ``drop``, not answered at all (the connection is closed after the write landed). A
+``drop`` without ``applied`` closes the connection before the request is carried out. Each fault counts
+how often it ``fired``, so a test can prove that it did.
+
+A ``hold`` fault keeps each request it fires on in flight until :meth:`Fault.release`, then carries it out
+whether or not its client is still there (a request already on its way: a test kills the client while
+its request is held, then lets it land), and ``answered`` records the status each one got, so a test
 waits for the answer instead of for "long enough".
 """
 
@@ -31,6 +39,10 @@ _REASONS = {
 }
 
 
+class Dropped(Exception):
+    """The connection of the request was closed by a fault: nothing is answered."""
+
+
 @dataclasses.dataclass
 class Fault:
     method: str | None  # "PATCH", or None for any
@@ -40,21 +52,23 @@ class Fault:
     retry_after: float | None = None
     delay: float = 0.0
     message: str = "injected fault"
+    applied: bool = False  # carry the request out first, then answer with ``status`` (or drop)
+    drop: bool = False  # close the connection instead of answering
+    every: int = 1  # fire on every n-th matching request only (the others are served normally)
     fired: int = 0
-    hold: bool = False  # held after the delay until release()
-    answered: list[int] = dataclasses.field(default_factory=list)  # the status each fired request got
+    seen: int = 0  # matching requests, fired or not
+    given_up: int = 0  # delayed writes the server gave up on at their ``timeout`` (answered 504, not applied)
+    abandoned: int = 0  # delayed requests whose client went away first (not carried out)
+    hold: bool = False  # held until release(), then carried out even if the client has gone
+    answered: list[int] = dataclasses.field(default_factory=list)  # the status each held request got
     _released: asyncio.Event = dataclasses.field(default_factory=asyncio.Event, repr=False)
 
     def release(self) -> None:
         """Let the held requests (and every later one) through."""
         self._released.set()
 
-    async def pause(self) -> None:
-        """What a fired request waits for before it is answered: the delay, then the hold."""
-        if self.delay:
-            await asyncio.sleep(self.delay)
-        if self.hold:
-            await self._released.wait()
+    async def held(self) -> None:
+        await self._released.wait()
 
     def matches(self, method: str, path: str) -> bool:
         spent = self.times is not None and self.fired >= self.times
@@ -83,7 +97,7 @@ class Faults:
         return fault
 
     def clear(self) -> None:
-        """Remove every fault; requests they hold go through."""
+        """Remove every fault; the requests they hold go through."""
         for fault in self._faults:
             fault.release()
         self._faults.clear()
@@ -92,6 +106,9 @@ class Faults:
         """The first live fault for this request, counted as fired."""
         for fault in self._faults:
             if fault.matches(method, path):
+                fault.seen += 1
+                if fault.seen % fault.every:
+                    continue
                 fault.fired += 1
                 return fault
         return None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -62,6 +63,23 @@ def dry_run(params: Mapping[str, str], delete_options: Any) -> bool:
     return True
 
 
+_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+_UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def write_deadline(method: str, params: Mapping[str, str]) -> float | None:
+    """A write's ``timeout`` query parameter in seconds (Go's ``time.ParseDuration``, e.g. ``1500ms``, ``2m3s``):
+    kube-apiserver gives up on a create/update/patch/delete that has not finished by then. None: not a write, or
+    no (or an unreadable) timeout — the server's own default then applies, which the sandbox does not model."""
+    raw = params.get("timeout")
+    if method.upper() == "GET" or not raw:
+        return None
+    parts = _DURATION.findall(raw)
+    if not parts or "".join(n + u for n, u in parts) != raw:
+        return None
+    return sum(float(n) * _UNIT_SECONDS[u] for n, u in parts)
+
+
 def flag(params: Mapping[str, str], name: str) -> bool:
     return params.get(name, "").lower() in ("true", "1")
 
@@ -77,6 +95,18 @@ def selectors_of(
     """The ``labelSelector`` and ``fieldSelector`` of a list or watch (fields the kind can select on)."""
     labels = selectors.parse_labels(params.get("labelSelector"))
     return labels, selectors.parse_fields(params.get("fieldSelector"), rtype.selectable)
+
+
+def check_custom_body(request: kmock.Request, rtype: catalog.ResourceType) -> None:
+    """Custom resources have no protobuf form: kube-apiserver refuses such a body with this 415 (and so
+    clients that can, such as Helm's and kubectl's dynamic clients, send JSON for them)."""
+    if rtype.custom and request.body and "protobuf" in request.headers.get("Content-Type", ""):
+        raise errors.ApiError(
+            415,
+            "UnsupportedMediaType",
+            "the body of the request was in an unknown format - accepted media types include: "
+            "application/json, application/yaml",
+        )
 
 
 def decode(request: kmock.Request) -> Any:

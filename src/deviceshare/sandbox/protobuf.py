@@ -1,10 +1,12 @@
-"""Just enough of Kubernetes' protobuf encoding for kubectl's imperative ``create`` commands.
+"""Just enough of Kubernetes' protobuf encoding for what kubectl's and Helm's typed clients send.
 
 kubectl sends built-in kinds as ``application/vnd.kubernetes.protobuf`` from its typed clients
-(``kubectl create namespace``, ``create configmap``) and does not fall back to JSON on a 415.
-Decoding every built-in type would need their schemas; metadata-only kinds need only the
-protobuf wire format and the field numbers of ObjectMeta, so those are decoded here. Anything
-else is answered 415 with a hint to use ``kubectl apply -f`` (which sends JSON).
+(``kubectl create namespace``, ``create configmap``), Helm 4 keeps its releases in Secrets through one
+(create, update, list, and on uninstall deletes with a protobuf ``DeleteOptions`` body); neither falls back
+to JSON on a 415. Decoding every built-in type would need their schemas; metadata-and-maps kinds need
+only the protobuf wire format and the field numbers of ObjectMeta, and ``DeleteOptions`` its own six
+fields, so those are decoded here. Anything else is answered 415 with a hint to use ``kubectl apply -f``
+(which sends JSON).
 """
 
 from __future__ import annotations
@@ -96,6 +98,34 @@ DECODABLE: dict[str, dict[int, tuple[str, bool]]] = {
 }
 
 
+def _preconditions(data: bytes) -> dict[str, Any]:
+    names = {1: "uid", 2: "resourceVersion"}
+    return {names[n]: _text(v) for n, _, v in fields(data) if n in names}
+
+
+def _signed(value: int) -> int:
+    return value - (1 << 64) if value >= 1 << 63 else value  # int64 as a varint is two's complement
+
+
+def _delete_options(data: bytes) -> dict[str, Any]:
+    """meta/v1 DeleteOptions (generated.proto field numbers): what a delete sends as its body."""
+    options: dict[str, Any] = {}
+    for number, _, value in fields(data):
+        if number == 1:
+            options["gracePeriodSeconds"] = _signed(value)
+        elif number == 2:
+            options["preconditions"] = _preconditions(bytes(value))
+        elif number == 3:
+            options["orphanDependents"] = bool(value)
+        elif number == 4:
+            options["propagationPolicy"] = _text(value)
+        elif number == 5:
+            options.setdefault("dryRun", []).append(_text(value))
+        elif number == 6:
+            options["ignoreStoreReadErrorWithClusterBreakingPotential"] = bool(value)
+    return options
+
+
 def decode(body: bytes) -> dict[str, Any]:
     """The JSON form of a protobuf-encoded object, or ValueError when it cannot be decoded here."""
     if not body.startswith(MAGIC):
@@ -103,6 +133,8 @@ def decode(body: bytes) -> dict[str, Any]:
     unknown = {n: v for n, _, v in fields(body[len(MAGIC) :])}
     type_meta = {n: _text(v) for n, _, v in fields(bytes(unknown.get(1, b"")))}
     api_version, kind = type_meta.get(1, ""), type_meta.get(2, "")
+    if kind == "DeleteOptions":  # Helm's and client-go's typed deletes (helm uninstall: its release Secrets)
+        return {"apiVersion": api_version, "kind": kind, **_delete_options(bytes(unknown.get(2, b"")))}
     if kind not in DECODABLE:
         raise ValueError(
             f"the sandbox decodes protobuf only for {', '.join(sorted(DECODABLE))}, not {kind!r}"

@@ -13,6 +13,8 @@ already present with exactly our ``valueFrom`` counts as present. Everything els
 forbids is denied with a message that names the container and the variable or resource at fault; those
 rules live in :mod:`deviceshare.core.members`, so the operator runs the same ones before it binds.
 The webhook never writes to the API, so ``dryRun`` requests are answered exactly like real ones.
+Nothing here reads a field before :mod:`reviews` has checked its type: a malformed review raises
+:class:`MalformedReview` naming the field, never a Python error.
 """
 
 from __future__ import annotations
@@ -26,8 +28,8 @@ from typing import Any, Protocol
 
 from deviceshare.api import envnames, models, names
 from deviceshare.core import members as member_rules
+from deviceshare.webhooks import reviews
 
-ADMISSION_API_VERSION = "admission.k8s.io/v1"
 RETRY_MESSAGE = "deviceshare webhook is still loading groups; retry the pod creation"
 
 
@@ -52,8 +54,7 @@ class GroupView(Protocol):
         """Live pods (not terminated, not deleting) already labelled as members of the group."""
 
 
-class MalformedReview(ValueError):
-    """The body is not an AdmissionReview the webhook can answer (HTTP 400)."""
+MalformedReview = reviews.MalformedReview  # a review with a uid, wrong inside: a denial with code 400
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,7 @@ class Decision:
     patch: list[dict[str, Any]] = field(default_factory=list)
     message: str = ""
     code: int = 200
-    # Why, in one word, for metrics: skipped | unchanged | patched | denied | warming | error.
+    # Why, in one word, for metrics: skipped | unchanged | patched | denied | warming | malformed | error.
     outcome: str = "skipped"
 
 
@@ -89,27 +90,50 @@ def decide(
     scheduler_name: str = names.DEFAULT_SCHEDULER_NAME,
 ) -> Decision:
     """The decision alone (raises :class:`MalformedReview`)."""
-    request = request_of(body)
-    kind = request.get("kind") or {}
-    if (
-        request.get("operation") != "CREATE"
-        or kind.get("kind") != "Pod"
-        or kind.get("group", "")
-        or request.get("subResource")
-    ):
-        return Decision(allowed=True, outcome="skipped")
+    return decide_create(pod_create(body), lookup, env_names, scheduler_name)
+
+
+@dataclass(frozen=True, slots=True)
+class PodCreate:
+    """A pod CREATE whose fields have been checked: what the decision reads."""
+
+    pod: Mapping[str, Any]
+    namespace: str
+    group_name: str | None  # the group it asks to join; None: it does not opt in
+
+
+def pod_create(body: Mapping[str, Any]) -> PodCreate | None:
+    """The pod a review creates, its shape checked (raises :class:`MalformedReview`); ``None`` when the
+    review is no pod CREATE, which the webhook lets pass untouched."""
+    request = reviews.request_of(body)
+    kind = request["kind"]
+    if request["operation"] != "CREATE" or kind.get("kind") != "Pod" or kind.get("group") or request.get("subResource"):
+        return None
     pod = request.get("object")
-    if not isinstance(pod, Mapping):
-        raise MalformedReview("request.object is not a pod")
-    namespace = str(request.get("namespace") or (pod.get("metadata") or {}).get("namespace") or "")
-    return mutate(pod, namespace, lookup, env_names, scheduler_name)
+    if pod is None:
+        raise MalformedReview("request.object is missing: a pod CREATE carries the pod")
+    reviews.check_pod(pod)
+    namespace = request.get("namespace") or (pod.get("metadata") or {}).get("namespace") or ""
+    return PodCreate(pod, namespace, group_name_of(pod))
+
+
+def decide_create(
+    create: PodCreate | None,
+    lookup: GroupView,
+    env_names: envnames.EnvNames,
+    scheduler_name: str = names.DEFAULT_SCHEDULER_NAME,
+) -> Decision:
+    """The decision for a checked pod CREATE (``None``: nothing to decide)."""
+    if create is None:
+        return Decision(allowed=True, outcome="skipped")
+    return mutate(create.pod, create.namespace, lookup, env_names, scheduler_name)
 
 
 def group_name_of(pod: Mapping[str, Any]) -> str | None:
-    """The group a pod asks to join, or ``None`` if it does not opt in."""
+    """The group a pod asks to join, or ``None`` if it does not opt in (the pod's shape is checked)."""
     annotations = (pod.get("metadata") or {}).get("annotations") or {}
-    value = annotations.get(names.POD_GROUP_ANNOTATION)
-    return None if value is None else str(value)
+    value: str | None = annotations.get(names.POD_GROUP_ANNOTATION)
+    return value
 
 
 def mutate(
@@ -184,38 +208,28 @@ def is_injected(entry: Mapping[str, Any]) -> bool:
 
 def respond(body: Mapping[str, Any], decision: Decision) -> dict[str, Any]:
     """Wrap a decision as the AdmissionReview response to ``body``."""
-    uid = request_of(body)["uid"]
-    response: dict[str, Any] = {"uid": uid, "allowed": decision.allowed}
+    api_version, request = reviews.envelope(body)
+    response: dict[str, Any] = {"uid": request["uid"], "allowed": decision.allowed}
     if not decision.allowed:
         response["status"] = {
             "code": decision.code,
             "message": decision.message,
-            "reason": "ServiceUnavailable" if decision.code == 503 else "Forbidden",
+            "reason": _REASONS.get(decision.code, "Forbidden"),
         }
     elif decision.patch:
         response["patchType"] = "JSONPatch"
         raw = json.dumps(decision.patch, separators=(",", ":")).encode()
         response["patch"] = base64.b64encode(raw).decode()
-    return {
-        "apiVersion": body.get("apiVersion") or ADMISSION_API_VERSION,
-        "kind": "AdmissionReview",
-        "response": response,
-    }
+    return {"apiVersion": api_version, "kind": "AdmissionReview", "response": response}
+
+
+# metav1.StatusReason by code, as kube-apiserver names them.
+_REASONS = {400: "BadRequest", 500: "InternalError", 503: "ServiceUnavailable"}
 
 
 def pointer(*parts: str | int) -> str:
     """An RFC 6901 JSON pointer: ``~`` becomes ``~0`` and ``/`` becomes ``~1`` in each part."""
     return "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in parts)
-
-
-def request_of(body: Mapping[str, Any]) -> Mapping[str, Any]:
-    """The request of an AdmissionReview (raises :class:`MalformedReview`)."""
-    if not isinstance(body, Mapping) or body.get("kind") != "AdmissionReview":
-        raise MalformedReview("body is not an AdmissionReview")
-    request = body.get("request")
-    if not isinstance(request, Mapping) or not request.get("uid"):
-        raise MalformedReview("AdmissionReview has no request.uid")
-    return request
 
 
 def _containers(spec: Mapping[str, Any]) -> Iterator[tuple[str, int, Mapping[str, Any]]]:

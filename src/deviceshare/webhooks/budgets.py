@@ -13,7 +13,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from deviceshare.api import names
 from deviceshare.core import budget
-from deviceshare.webhooks import admission
+from deviceshare.webhooks import admission, reviews
 
 
 @runtime_checkable
@@ -31,24 +31,28 @@ class BudgetView(Protocol):
 
 def decide(body: Mapping[str, Any], view: BudgetView) -> admission.Decision:
     """Allow or refuse a group write (raises :class:`admission.MalformedReview`)."""
-    request = admission.request_of(body)
-    kind = request.get("kind") or {}
+    request = reviews.request_of(body)
+    kind = request["kind"]
     if (
-        request.get("operation") not in ("CREATE", "UPDATE")
+        request["operation"] not in ("CREATE", "UPDATE")
         or kind.get("group") != names.GROUP
         or kind.get("kind") != names.KIND
         or request.get("subResource")
     ):
         return admission.Decision(allowed=True, outcome="skipped")
     group = request.get("object")
-    if not isinstance(group, Mapping):
-        raise admission.MalformedReview("request.object is not a SharedDeviceGroup")
+    if group is None:
+        raise admission.MalformedReview(f"request.object is missing: a {names.KIND} {request['operation']} "
+                                        "carries the group")
+    reviews.check_group(group, ("request", "object"))
+    old = request.get("oldObject")
+    if old is not None:
+        reviews.check_group(old, ("request", "oldObject"))
     meta = group.get("metadata") or {}
     namespace = str(request.get("namespace") or meta.get("namespace") or "")
     name = str(request.get("name") or meta.get("name") or "")
     resources = _resources(group)
-    old = request.get("oldObject")
-    previous = _resources(old) if isinstance(old, Mapping) else None
+    previous = None if old is None else _resources(old)
     if previous is not None and all(n <= previous.get(r, 0) for r, n in resources.items()):
         return admission.Decision(allowed=True, outcome="unchanged")  # takes no more: never refused
     if not view.budget_synced:
@@ -63,8 +67,5 @@ def decide(body: Mapping[str, Any], view: BudgetView) -> admission.Decision:
 
 
 def _resources(group: Mapping[str, Any]) -> dict[str, int]:
-    """``spec.resources`` as counts; the CRD schema has already refused anything else."""
-    raw = (group.get("spec") or {}).get("resources") or {}
-    if not isinstance(raw, Mapping):
-        return {}
-    return {str(r): n for r, n in raw.items() if isinstance(n, int) and not isinstance(n, bool)}
+    """``spec.resources`` as counts (:func:`reviews.check_group` has checked they are whole numbers)."""
+    return dict((group.get("spec") or {}).get("resources") or {})

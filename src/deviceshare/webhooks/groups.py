@@ -7,6 +7,15 @@ ResourceQuotas (the namespace device budget, :mod:`deviceshare.core.budget`). Un
 finished their first list the index answers ``WARMING`` and the server denies with a message
 that asks for a retry, rather than guessing.
 
+A miss may be a group created a moment ago that the watch has not delivered yet, so the server asks
+for it once (:meth:`GroupIndex.refresh`). That answer joins the cache only if it is newer than what
+the watch has delivered: resourceVersions of one resource compare as integers (KEP-5504, conformance
+since Kubernetes 1.35, and what every etcd-backed API server has always sent), and the watch
+delivers a collection in resourceVersion order. So a GET that answers with a version the watch has
+already passed (a lagging read, or one that raced a DELETED event) neither brings back a deleted
+group nor rolls a group back, and a watch event older than a GET's answer is not applied over it.
+Lookups are rate-limited per name (:mod:`misses`).
+
 ``maxMembers`` is checked here best-effort: two replicas (or two concurrent admissions) may both
 see ``n - 1`` members and admit one pod each. The operator enforces the limit authoritatively when
 it schedules, so an over-admitted pod stays Pending; the webhook's check only catches the common
@@ -29,7 +38,7 @@ from kubernetes_asyncio import client
 from deviceshare.api import models, names
 from deviceshare.core import budget
 from deviceshare.kube import watching
-from deviceshare.webhooks import admission
+from deviceshare.webhooks import admission, misses
 
 logger = logging.getLogger(__name__)
 
@@ -42,19 +51,54 @@ def _key(obj: Mapping[str, Any]) -> Key:
     return str(meta.get("namespace") or ""), str(meta.get("name") or "")
 
 
+def _version(obj_or_version: Mapping[str, Any] | str | None) -> int | None:
+    """A resourceVersion as the integer it compares as (KEP-5504), or None if it is not one."""
+    if isinstance(obj_or_version, Mapping):
+        obj_or_version = (obj_or_version.get("metadata") or {}).get("resourceVersion")
+    if isinstance(obj_or_version, str) and obj_or_version.isdecimal() and obj_or_version[0] != "0":
+        return int(obj_or_version)
+    return None
+
+
 class _Groups:
     """Sink: every group's spec, parsed once when it changes rather than at each admission."""
 
     def __init__(self) -> None:
         self.specs: dict[Key, models.GroupSpec] = {}
         self.deleting: set[Key] = set()  # groups with a deletionTimestamp (held by the finalizer)
+        self.seen: int | None = None  # the newest resourceVersion the list+watch has delivered
+        self.ahead: dict[Key, int] = {}  # groups whose state came from a GET newer than the watch
 
     def replace(self, objects: list[watching.Object], resource_version: str | None = None) -> None:
-        self.specs, self.deleting = {}, set()
+        self.specs, self.deleting, self.ahead = {}, set(), {}
         for obj in objects:
-            self.apply("ADDED", obj)
+            self._store("ADDED", obj)
+        self.seen = _version(resource_version)
 
     def apply(self, event_type: str, obj: watching.Object) -> None:
+        """A watch event, applied unless a GET has already put a newer state of the group here."""
+        key, version = _key(obj), _version(obj)
+        if version is not None and self.seen is not None:
+            self.seen = max(self.seen, version)
+        got = self.ahead.get(key)
+        if got is not None:
+            if version is not None and version <= got:
+                if version == got:  # the watch has caught up with the GET
+                    del self.ahead[key]
+                return
+            del self.ahead[key]
+        self._store(event_type, obj)
+
+    def adopt(self, obj: watching.Object) -> bool:
+        """A GET's answer: stored only if it is newer than everything the watch has delivered."""
+        key, version = _key(obj), _version(obj)
+        if version is None or self.seen is None or version <= self.seen or version <= self.ahead.get(key, 0):
+            return False
+        self._store("ADDED", obj)
+        self.ahead[key] = version
+        return True
+
+    def _store(self, event_type: str, obj: watching.Object) -> None:
         key = _key(obj)
         self.deleting.discard(key)
         if event_type == "DELETED":
@@ -131,13 +175,15 @@ def _is_live(pod: watching.Object) -> bool:
 class GroupIndex:
     """A :class:`deviceshare.webhooks.admission.GroupView` fed by list+watch (see the module docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, miss_limiter: misses.MissLimiter | None = None) -> None:
         self._groups = _Groups()
         self._members = _Members()
         self._quotas = _Quotas()
         self.reflectors: list[watching.Reflector] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._api: client.ApiClient | None = None
+        self.misses = misses.MissLimiter() if miss_limiter is None else miss_limiter
+        self._lookups: dict[Key, asyncio.Task[None]] = {}  # in flight, shared by concurrent misses
 
     # -- GroupView --------------------------------------------------------------------------
 
@@ -163,21 +209,35 @@ class GroupIndex:
     async def refresh(self, namespace: str, name: str, timeout_s: float) -> None:
         """Read one group from the API into the cache (a miss may be a watch that lags a fresh create).
 
-        Bounded by ``timeout_s``; on any failure the cache stays as it was and the miss stands.
+        At most once per name per interval (:attr:`misses`); concurrent misses of one name share one
+        GET. Bounded by ``timeout_s``; on any failure, or an answer the watch has already passed, the
+        cache stays as it was and the miss stands.
         """
+        key = (namespace, name)
         if self._api is None or not name:
             return
-        call = client.CustomObjectsApi(self._api).get_namespaced_custom_object(
-            names.GROUP, names.VERSION, namespace, names.PLURAL, name
+        lookup = self._lookups.get(key)
+        if lookup is None:
+            if not self.misses.admit(key):
+                return
+            lookup = asyncio.create_task(self._lookup(self._api, key, timeout_s), name=f"lookup {namespace}/{name}")
+            self._lookups[key] = lookup
+            lookup.add_done_callback(lambda _: self._lookups.pop(key, None))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(lookup), timeout_s)
+
+    async def _lookup(self, api: client.ApiClient, key: Key, timeout_s: float) -> None:
+        call = client.CustomObjectsApi(api).get_namespaced_custom_object(
+            names.GROUP, names.VERSION, key[0], names.PLURAL, key[1]
         )
         try:
             obj = await asyncio.wait_for(call, timeout_s)
-        except (client.ApiException, TimeoutError, aiohttp.ClientError) as e:
+        except (client.ApiException, TimeoutError, aiohttp.ClientError, ValueError) as e:
             if not (isinstance(e, client.ApiException) and e.status == 404):
-                logger.warning("looking up SharedDeviceGroup %s/%s failed: %s", namespace, name, e)
+                logger.warning("looking up SharedDeviceGroup %s/%s failed: %s", *key, e)
             return
-        if isinstance(obj, dict):
-            self._groups.apply("ADDED", obj)
+        if isinstance(obj, dict) and _key(obj) == key and not self._groups.adopt(obj):
+            logger.debug("SharedDeviceGroup %s/%s: the API's answer is not newer than the watch", *key)
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -222,9 +282,10 @@ class GroupIndex:
         self._tasks = [asyncio.create_task(r.run(), name=f"watch {r.name}") for r in self.reflectors]
 
     async def stop(self) -> None:
-        for task in self._tasks:
+        tasks = [*self._tasks, *self._lookups.values()]
+        for task in tasks:
             task.cancel()
-        for task in self._tasks:
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks = []

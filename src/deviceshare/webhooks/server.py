@@ -13,15 +13,23 @@ An opted-in pod that arrives before the caches have synced waits for them a boun
 
 Bodies are bounded (:class:`limits.Limits`): over ``max_body_bytes`` is a 413 before anything is
 read when the length is declared, or as soon as the limit is passed when it is not; a body that
-does not arrive within ``body_timeout_s`` is a 408; large bodies are read a few at a time; JSON
-nested past Python's recursion limit, or JSON that is no object, is a 400. Connections are capped
-and must send a request within a deadline (:mod:`limits`).
+does not arrive within ``body_timeout_s`` is a 408; large bodies are read a few at a time. Connections
+are capped and must send a request within a deadline (:mod:`limits`).
+
+A malformed body is a 400, never a 500, on every admission path (:meth:`Webhook._answer`). Which
+kind of 400 depends on whether the API server could act on it (docs/security.md, "Malformed
+reviews"): a review with a ``request.uid`` is answered as a review, ``allowed: false`` with
+``status.code`` 400 naming the field, because that is the only answer kube-apiserver passes on to
+the user as a 400 with our message, whatever the failurePolicy (an HTTP error status it turns into
+"failed calling webhook": a 500 under ``Fail``, an unmutated admission under ``Ignore``). A body
+with no uid (not JSON, not a review) cannot be answered as a review, since the API server would
+reject a response whose uid differs; it gets HTTP 400 with a ``Status``. A bug of ours is a denial
+with code 500 and a plain message; the details go to the log only.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import gc
 import json
 import logging
@@ -35,8 +43,9 @@ from aiohttp import web
 from kubernetes_asyncio import client
 
 from deviceshare.api import envnames, names
+from deviceshare.core import members as member_rules
 from deviceshare.kube import connecting
-from deviceshare.webhooks import admission, budgets, groups, limits, metrics, tls
+from deviceshare.webhooks import admission, budgets, groups, limits, metrics, reviews, tls
 
 logger = logging.getLogger(__name__)
 
@@ -104,34 +113,43 @@ class Webhook:
     async def _answer(
         self, request: web.Request, decide: Callable[[dict[str, Any]], Awaitable[admission.Decision]]
     ) -> web.Response:
-        """Read the AdmissionReview, decide, answer and count the outcome; a body that is not a review
-        is a 400, counted as ``malformed``."""
+        """Read the AdmissionReview, decide, answer and count the outcome; a malformed body is a 400
+        counted as ``malformed`` (see the module docstring for which 400)."""
         started = time.perf_counter()
+        body: dict[str, Any] = {}
         try:
             body = await self._review(request)
             decision = await decide(body)
+        except reviews.NotAReview as e:
+            self.metrics.observe(request.path, "malformed", time.perf_counter() - started)
+            return web.json_response(_status(400, "BadRequest", f"not an AdmissionReview: {e}"), status=400)
+        except reviews.MalformedReview as e:
+            decision = admission.deny(f"malformed AdmissionReview: {e}", code=400, outcome="malformed")
+        except web.HTTPException:  # 408, 413: already the answer
+            raise
+        except Exception:
+            # A bug of ours: the details go to the log, never into the answer.
+            logger.exception("admission of review %r failed", _uid(body))
+            decision = admission.deny(
+                "deviceshare webhook failed on this request (internal error); its log has the details",
+                code=500,
+                outcome="error",
+            )
+        try:
             answer = admission.respond(body, decision)
-        except (ValueError, admission.MalformedReview) as e:
-            self.metrics.observe("malformed", time.perf_counter() - started)
-            return web.json_response({"error": f"not an AdmissionReview: {e}"}, status=400)
-        self.metrics.observe(decision.outcome, time.perf_counter() - started)
+        except reviews.NotAReview:  # the error came before the body was read: no review to answer
+            self.metrics.observe(request.path, "error", time.perf_counter() - started)
+            return web.json_response(_status(500, "InternalError", decision.message), status=500)
+        self.metrics.observe(request.path, decision.outcome, time.perf_counter() - started)
         return web.json_response(answer, dumps=_dumps)
 
     async def _mutation(self, body: dict[str, Any]) -> admission.Decision:
-        if _opted_in(body):
+        create = admission.pod_create(body)  # checks the pod's shape before anything reads it
+        if create is not None and create.group_name is not None:
             if not self.lookup.synced:
                 await self.lookup.wait_synced(self.settings.warmup_timeout_s)
-            await self._refresh_on_miss(body)
-        try:
-            return admission.decide(body, self.lookup, self.settings.env_names, self.settings.scheduler_name)
-        except admission.MalformedReview:
-            raise
-        except Exception as e:
-            # A pod shape the engine did not foresee: deny it with the reason rather than
-            # answer 500, which the API server would report as "failed calling webhook".
-            logger.exception("admission failed")
-            decision = admission.deny(f"deviceshare webhook could not process this pod: {e!r}", code=500)
-            return dataclasses.replace(decision, outcome="error")
+            await self._refresh_on_miss(create.namespace, create.group_name)
+        return admission.decide_create(create, self.lookup, self.settings.env_names, self.settings.scheduler_name)
 
     async def _group_validation(self, body: dict[str, Any]) -> admission.Decision:
         if self.budget_view is None:
@@ -151,21 +169,18 @@ class Webhook:
             async with asyncio.timeout(bounds.body_timeout_s):
                 if large:
                     async with self._large_bodies:  # parsing a big body costs several times its size
-                        return _parse(await request.read())
-                return _parse(await request.read())
+                        return reviews.parse(await request.read())
+                return reviews.parse(await request.read())
         except TimeoutError:
             raise web.HTTPRequestTimeout(text="the request body did not arrive in time") from None
 
-    async def _refresh_on_miss(self, body: Any) -> None:
+    async def _refresh_on_miss(self, namespace: str, name: str) -> None:
         """A group created a moment before its pods (one ``kubectl apply -f``) may not have reached the
-        watch yet: before denying "does not exist", ask the API once (bounded)."""
-        request = body.get("request") if isinstance(body, dict) else None
-        if not isinstance(request, dict) or not isinstance(request.get("object"), dict):
+        watch yet: before denying "does not exist", ask the API (bounded; the cache rate-limits it).
+        A name that cannot be a group's is denied without asking."""
+        if member_rules.group_name_problem(name) is not None or not self.lookup.synced:
             return
-        pod = request["object"]
-        name = admission.group_name_of(pod)
-        namespace = str(request.get("namespace") or (pod.get("metadata") or {}).get("namespace") or "")
-        if name and self.lookup.synced and self.lookup.group(namespace, name) is None:
+        if self.lookup.group(namespace, name) is None:
             await self.lookup.refresh(namespace, name, self.settings.warmup_timeout_s)
 
     async def healthz(self, request: web.Request) -> web.Response:
@@ -190,19 +205,15 @@ def freeze_startup_heap() -> None:
     gc.freeze()
 
 
-def _parse(raw: bytes) -> dict[str, Any]:
-    try:
-        body = json.loads(raw)
-    except RecursionError:  # nesting deeper than the parser's stack: no AdmissionReview is like that
-        raise ValueError("JSON nested too deeply") from None
-    if not isinstance(body, dict):
-        raise ValueError(f"the body is a JSON {type(body).__name__}, not an object")
-    return body
+def _status(code: int, reason: str, message: str) -> dict[str, Any]:
+    """A metav1.Status, which client-go (in the API server too) reads the message of."""
+    return {"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": code, "reason": reason,
+            "message": message}
 
 
-def _opted_in(body: Any) -> bool:
-    obj = ((body or {}).get("request") or {}).get("object") if isinstance(body, dict) else None
-    return isinstance(obj, dict) and admission.group_name_of(obj) is not None
+def _uid(body: dict[str, Any]) -> str:
+    request = body.get("request")
+    return str(request.get("uid"))[:100] if isinstance(request, dict) else ""
 
 
 def _dumps(obj: Any) -> str:

@@ -39,10 +39,14 @@ class FakeApi(storage.ClusterApi):
         self.pods: dict[tuple[str, str], dict[str, Any]] = {}
         self.writes: list[Write] = []
         self.events: list[tuple[str, str, str]] = []  # (object name, reason, message)
+        self._lost_after: Write | None = None
         self._rv = 100
         # Failure injection: an exception to raise instead of the next such write (then cleared).
         self.fail_bind: Exception | None = None
         self.before_write: Callable[[Write], None] | None = None  # sees each write before it lands
+        # The next write of each verb named here lands, then its answer is lost beyond what a read-back could
+        # recover (storage.Uncertain reaches the caller); with ``lands=False`` it is lost before landing.
+        self.lose_answer: dict[str, bool] = {}
 
     async def _call(self, *args: Any, **kwargs: Any) -> Any:
         raise AssertionError(f"the fake API does not model {args[:2]}")
@@ -54,7 +58,18 @@ class FakeApi(storage.ClusterApi):
     def _record(self, write: Write) -> None:
         if self.before_write is not None:
             self.before_write(write)
+        lands = self.lose_answer.pop(write.verb, None)
+        if lands is False:
+            raise storage.Uncertain(f"{write.verb} {write.key}: answer lost (not landed)")
         self.writes.append(write)
+        if lands:
+            self._lost_after = write
+
+    def _answer(self) -> None:
+        """Called after a write took effect: raise Uncertain if its answer is to be lost."""
+        lost, self._lost_after = self._lost_after, None
+        if lost is not None:
+            raise storage.Uncertain(f"{lost.verb} {lost.key}: answer lost (landed)")
 
     def writes_to(self, kind: str) -> list[Write]:
         return [w for w in self.writes if w.kind == kind]
@@ -107,6 +122,9 @@ class FakeApi(storage.ClusterApi):
     async def read_group(self, key: tuple[str, str]) -> state.GroupRecord:
         return state.group_record(await self.get_group(key))
 
+    async def read_group_if_exists(self, key: tuple[str, str]) -> state.GroupRecord | None:
+        return await self.read_group(key) if key in self.groups else None
+
     async def get_pod(self, key: tuple[str, str]) -> dict[str, Any] | None:
         return copy.deepcopy(self.pods[key]) if key in self.pods else None
 
@@ -115,9 +133,9 @@ class FakeApi(storage.ClusterApi):
 
     # -- writes --------------------------------------------------------------------------------
 
-    async def patch_group_status(self, key: tuple[str, str], status: Mapping[str, Any], *,
-                                 resource_version: str | None = None) -> state.GroupRecord:
-        body = self._group_for_write(key, resource_version)
+    async def patch_group_status(self, key: tuple[str, str], status: Mapping[str, Any], *, uid: str,
+                                 resource_version: str) -> state.GroupRecord:
+        body = self._group_for_write(key, uid, resource_version)
         self._record(Write("status", "group", key, copy.deepcopy(dict(status))))
         for field, value in status.items():
             if value is None:
@@ -125,24 +143,26 @@ class FakeApi(storage.ClusterApi):
             else:
                 body["status"][field] = copy.deepcopy(value)
         body["metadata"]["resourceVersion"] = self._next_rv()
+        self._answer()
         return state.group_record(copy.deepcopy(body))
 
-    async def set_group_finalizers(self, key: tuple[str, str], finalizers: Sequence[str], *,
+    async def set_group_finalizers(self, key: tuple[str, str], finalizers: Sequence[str], *, uid: str,
                                    resource_version: str) -> state.GroupRecord:
-        body = self._group_for_write(key, resource_version)
+        body = self._group_for_write(key, uid, resource_version)
         self._record(Write("finalizers", "group", key, list(finalizers)))
         body["metadata"]["finalizers"] = list(finalizers)
         body["metadata"]["resourceVersion"] = self._next_rv()
         answer = copy.deepcopy(body)
         if body["metadata"].get("deletionTimestamp") and not finalizers:
             del self.groups[key]  # the API server deletes it once its last finalizer is gone
+        self._answer()
         return state.group_record(answer)
 
-    def _group_for_write(self, key: tuple[str, str], resource_version: str | None) -> dict[str, Any]:
-        if key not in self.groups:
+    def _group_for_write(self, key: tuple[str, str], uid: str, resource_version: str) -> dict[str, Any]:
+        if key not in self.groups or self.groups[key]["metadata"]["uid"] != uid:
             raise storage.Gone(f"shareddevicegroup {key[0]}/{key[1]} not found")
         body = self.groups[key]
-        if resource_version and resource_version != body["metadata"]["resourceVersion"]:
+        if resource_version != body["metadata"]["resourceVersion"]:
             raise storage.Conflict(f"shareddevicegroup {key[0]}/{key[1]}: resourceVersion {resource_version} is stale")
         return body
 
@@ -159,6 +179,7 @@ class FakeApi(storage.ClusterApi):
         body["spec"]["nodeName"] = node
         body["metadata"]["annotations"].update(annotations)
         body["metadata"]["resourceVersion"] = self._next_rv()
+        self._answer()
 
     async def annotate_pod(self, key: tuple[str, str], uid: str, annotations: Mapping[str, str | None]) -> None:
         self._record(Write("annotate", "pod", key, dict(annotations)))

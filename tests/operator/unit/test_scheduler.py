@@ -138,7 +138,9 @@ async def test_a_failed_binding_of_a_later_member_keeps_the_group_placed() -> No
     assert [w.verb for w in h.api.writes] == ["finalizers", "status", "bind"]  # nothing rolled back
 
 
-async def test_retry_later_from_the_api_becomes_a_retry_after_its_delay_and_undoes_the_placement() -> None:
+async def test_a_throttled_binding_is_retried_after_its_delay_and_the_group_stays_placed() -> None:
+    """A 429 was certainly not applied: no rollback (two writes) and no new placement (two more) follow; the
+    next cycle binds the pod where its group already is."""
     h = Harness(node("n1"))
     h.see(h.api.add_group("g"))
     h.see(h.api.add_pod("p", "g"))
@@ -147,8 +149,12 @@ async def test_retry_later_from_the_api_becomes_a_retry_after_its_delay_and_undo
     outcome = await h.scheduler.schedule(("ns", "p"))
 
     assert (outcome.result, outcome.retry_after) == (Result.RETRY, 3.0)
-    assert h.ctx.ledger.allocation(("ns", "g")) is None
-    assert h.api.groups[("ns", "g")]["status"]["phase"] == "Pending"
+    allocation = h.ctx.ledger.allocation(("ns", "g"))
+    assert allocation is not None and allocation.node == "n1"
+    assert h.api.groups[("ns", "g")]["status"]["phase"] == "Bound"
+    assert h.ctx.state.pods[("ns", "p")].member_of is None  # the write-ahead membership is undone
+    assert (await h.scheduler.schedule(("ns", "p"))).result is Result.BOUND
+    assert [w.verb for w in h.api.writes] == ["finalizers", "status", "bind"]
 
 
 async def test_a_status_changed_by_someone_else_is_read_again_and_the_placement_written_over_it() -> None:

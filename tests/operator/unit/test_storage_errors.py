@@ -1,9 +1,14 @@
-"""storage.ClusterApi turns every API failure into an error by intent, once, and hands back parsed records."""
+"""storage.ClusterApi: the requests it sends, the errors by intent it raises, and how it resolves lost answers.
+
+The HTTP layer (``rest.call``) is replaced by a script that records every request (method, path with its query,
+body, content type) and answers from a list, so each test says exactly what went over the wire.
+"""
 
 from __future__ import annotations
 
 import copy
-import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -13,36 +18,66 @@ from deviceshare.api import names
 from deviceshare.kube import rest
 from deviceshare.operator import state, storage
 
-GROUP_PATH = f"/apis/{names.API_VERSION}/namespaces/ns/{names.PLURAL}/g"
 GROUP = {
     "metadata": {"namespace": "ns", "name": "g", "uid": "u", "resourceVersion": "7", "generation": 2,
                  "finalizers": [names.GROUP_FINALIZER]},
     "spec": {"resources": {"nvidia.com/gpu": 1}},
     "status": {"phase": "Bound", "nodeName": "n1", "allocatedDevices": {"nvidia.com/gpu": ["0"]}},
 }
+GROUP_PATH = "/apis/deviceshare.io/v1alpha1/namespaces/ns/shareddevicegroups/g"
+POD_PATH = "/api/v1/namespaces/ns/pods/p"
+BOUND = {"phase": "Bound", "nodeName": "n1", "allocatedDevices": {"nvidia.com/gpu": ["0"]}}
+ANNOTATIONS = {names.POD_SELECTED_DEVICES_ANNOTATION: '{"nvidia.com/gpu":"0"}'}
 
 
-@dataclasses.dataclass
+@dataclass
 class Sent:
     method: str
-    path: str
+    path: str  # with the query
     body: Any
     content_type: str
 
 
-def api_answering(monkeypatch: pytest.MonkeyPatch, answer: Any, sent: list[Sent] | None = None) -> storage.ClusterApi:
-    """A ClusterApi whose every request gets ``answer`` (raised if it is an exception); each request it
-    sends is recorded in ``sent``, as the API server would receive it."""
-    async def call(api: Any, method: str, path: str, body: Any = None, *, content_type: str = "application/json",
-                   timeout: float | None = None) -> Any:
-        if sent is not None:
-            sent.append(Sent(method, path, copy.deepcopy(body), content_type))
+class Script:
+    """Answers requests in order; an answer may be a body, an exception to raise, or a function of the request."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, *answers: Any) -> None:
+        self.answers = list(answers)
+        self.sent: list[Sent] = []
+        self.outcomes: list[tuple[str, str, str]] = []
+        monkeypatch.setattr(rest, "call", self._call)
+        self.api = storage.ClusterApi(api_client=None)  # type: ignore[arg-type]  # rest.call is replaced
+        self.api.on_write = lambda verb, resource, result: self.outcomes.append((verb, resource, result))
+
+    async def _call(self, client: Any, method: str, path: str, body: Any = None, *, content_type: str = "",
+                    timeout: float | None = None) -> Any:
+        self.sent.append(Sent(method, path, copy.deepcopy(body), content_type))
+        assert self.answers, f"unexpected request {method} {path}"
+        answer = self.answers.pop(0)
+        if callable(answer):
+            answer = answer(self.sent[-1])
         if isinstance(answer, BaseException):
             raise answer
-        return answer
+        return copy.deepcopy(answer)
 
-    monkeypatch.setattr(rest, "call", call)
-    return storage.ClusterApi(api_client=None)  # type: ignore[arg-type]  # never reached: rest.call is replaced
+    def requests(self) -> list[tuple[str, str]]:
+        """(method, path without query) of each request sent."""
+        return [(s.method, s.path.split("?")[0]) for s in self.sent]
+
+
+def group_with(**changes: Any) -> dict[str, Any]:
+    body = copy.deepcopy(GROUP)
+    for key, value in changes.items():
+        if key == "resourceVersion":
+            body["metadata"]["resourceVersion"] = value
+        else:
+            body[key] = value
+    return body
+
+
+def pod(node: str | None = None, annotations: dict[str, str] | None = None, uid: str = "pu") -> dict[str, Any]:
+    return {"metadata": {"namespace": "ns", "name": "p", "uid": uid, "annotations": dict(annotations or {})},
+            "spec": {"nodeName": node} if node else {}}
 
 
 @pytest.mark.parametrize(
@@ -61,81 +96,161 @@ def api_answering(monkeypatch: pytest.MonkeyPatch, answer: Any, sent: list[Sent]
         pytest.param(TimeoutError(), storage.RetryLater, 1.0, id="timeout"),
     ],
 )
-async def test_failures_become_errors_by_intent(
+async def test_read_failures_become_errors_by_intent(
     monkeypatch: pytest.MonkeyPatch, failure: Exception, error: type[Exception], delay: float | None
 ) -> None:
-    sent: list[Sent] = []
-    api = api_answering(monkeypatch, failure, sent)
+    script = Script(monkeypatch, failure)
     with pytest.raises(error) as raised:
-        await api.patch_group_status(("ns", "g"), {"phase": "Bound"}, resource_version="6")
-    assert [(s.method, s.path) for s in sent] == [("PATCH", f"{GROUP_PATH}/status")]  # one try, the one asked
-    assert "patch status of shareddevicegroup ns/g" in str(raised.value)  # says which request failed
+        await script.api.read_group(("ns", "g"))
+    assert "get shareddevicegroup ns/g" in str(raised.value)  # says which request failed
+    assert not isinstance(raised.value, storage.Uncertain)  # a read changes nothing: never uncertain
     if delay is not None:
         assert isinstance(raised.value, storage.RetryLater) and raised.value.delay == delay
+    assert script.requests() == [("GET", GROUP_PATH)]
 
 
-async def test_group_writes_and_reads_send_what_the_api_expects_and_answer_with_the_parsed_record(
+async def test_a_status_write_is_a_conditional_merge_patch_bounded_by_a_server_side_timeout(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    sent: list[Sent] = []
-    api = api_answering(monkeypatch, GROUP, sent)
-    expected = state.group_record(GROUP)
-    assert await api.patch_group_status(("ns", "g"), {"phase": "Bound"}, resource_version="6") == expected
-    assert await api.set_group_finalizers(("ns", "g"), [names.GROUP_FINALIZER], resource_version="6") == expected
-    assert await api.read_group(("ns", "g")) == expected
-    assert await api.read_group_if_exists(("ns", "g")) == expected
-    assert sent == [
-        # Conditional on the resourceVersion the status was computed from: a stale one is a 409.
-        Sent("PATCH", f"{GROUP_PATH}/status", {"status": {"phase": "Bound"}, "metadata": {"resourceVersion": "6"}},
-             storage.MERGE_PATCH),
-        # The whole finalizer list, conditional too, so no one else's entry written meanwhile is lost.
-        Sent("PATCH", GROUP_PATH, {"metadata": {"finalizers": [names.GROUP_FINALIZER], "resourceVersion": "6"}},
-             storage.MERGE_PATCH),
-        Sent("GET", GROUP_PATH, None, "application/json"),
-        Sent("GET", GROUP_PATH, None, "application/json"),
+    script = Script(monkeypatch, GROUP)
+    record = await script.api.patch_group_status(("ns", "g"), BOUND, uid="u", resource_version="6")
+    assert record == state.group_record(GROUP)
+    (sent,) = script.sent
+    path, _, query = sent.path.partition("?")
+    assert (sent.method, path, sent.content_type) == ("PATCH", GROUP_PATH + "/status", storage.MERGE_PATCH)
+    assert sent.body == {"status": BOUND, "metadata": {"resourceVersion": "6"}}  # the precondition
+    assert query == "timeout=30000ms"  # a single replica's writes get the request timeout
+    assert script.outcomes == [("patch", "shareddevicegroups/status", "ok")]
+
+
+async def test_a_finalizer_write_replaces_the_list_conditionally(monkeypatch: pytest.MonkeyPatch) -> None:
+    script = Script(monkeypatch, GROUP)
+    await script.api.set_group_finalizers(("ns", "g"), [names.GROUP_FINALIZER], uid="u", resource_version="6")
+    (sent,) = script.sent
+    assert (sent.method, sent.path.split("?")[0], sent.content_type) == ("PATCH", GROUP_PATH, storage.MERGE_PATCH)
+    assert sent.body == {"metadata": {"finalizers": [names.GROUP_FINALIZER], "resourceVersion": "6"}}
+
+
+@pytest.mark.parametrize(
+    ("lost", "read_back", "then", "expect"),
+    [
+        # The answer was lost, but the group shows what we wrote: it landed.
+        pytest.param(rest.ApiError(504, "Timeout"), group_with(status=BOUND, resourceVersion="8"), [], "landed",
+                     id="504, landed"),
+        pytest.param(aiohttp.ServerDisconnectedError(), group_with(status=BOUND, resourceVersion="8"), [],
+                     "landed", id="dropped, landed"),
+        # Still at the version it was conditional on: it did not land, and sending it again is safe.
+        pytest.param(rest.ApiError(504, "Timeout"), group_with(status={}, resourceVersion="6"),
+                     [group_with(status=BOUND, resourceVersion="9")], "resent", id="504, not landed, sent again"),
+        # Someone else wrote in between: decide again.
+        pytest.param(rest.ApiError(503, "unavailable"), group_with(status={"phase": "Pending"}, resourceVersion="8"),
+                     [], storage.Conflict, id="503, overtaken"),
+        pytest.param(rest.ApiError(504, "Timeout"), rest.ApiError(404, "gone"), [], storage.Gone, id="504, gone"),
+    ],
+)
+async def test_a_lost_status_answer_is_resolved_by_reading_the_group_back(
+    monkeypatch: pytest.MonkeyPatch, lost: Exception, read_back: Any, then: list[Any], expect: Any
+) -> None:
+    script = Script(monkeypatch, lost, read_back, *then)
+    if isinstance(expect, type):
+        with pytest.raises(expect):
+            await script.api.patch_group_status(("ns", "g"), BOUND, uid="u", resource_version="6")
+    else:
+        record = await script.api.patch_group_status(("ns", "g"), BOUND, uid="u", resource_version="6")
+        assert record.status.phase == "Bound"
+    expected = [("PATCH", GROUP_PATH + "/status"), ("GET", GROUP_PATH)]
+    if expect == "resent":
+        expected.append(("PATCH", GROUP_PATH + "/status"))
+        assert script.sent[2].body == script.sent[0].body  # the same conditional write, nothing recomputed
+    assert script.requests() == expected
+    assert ("patch", "shareddevicegroups/status", "uncertain_resolved") in script.outcomes
+
+
+@pytest.mark.looptime
+async def test_a_lost_answer_that_cannot_be_read_back_stays_uncertain(monkeypatch: pytest.MonkeyPatch) -> None:
+    down = aiohttp.ClientConnectorError(None, OSError(111, "refused"))  # type: ignore[arg-type]
+    script = Script(monkeypatch, rest.ApiError(504, "Timeout"), down, down, down)
+    with pytest.raises(storage.Uncertain):
+        await script.api.patch_group_status(("ns", "g"), BOUND, uid="u", resource_version="6")
+    assert script.outcomes == [("patch", "shareddevicegroups/status", "failed")]
+
+
+@pytest.mark.parametrize(
+    ("answer", "read_back", "expect"),
+    [
+        pytest.param(rest.ApiError(504, "Timeout"), pod("n1", ANNOTATIONS), None, id="504, bound by us"),
+        pytest.param(aiohttp.ServerDisconnectedError(), pod("n1", ANNOTATIONS), None, id="dropped, bound by us"),
+        # 409 "already assigned": our own earlier Binding that landed.
+        pytest.param(rest.ApiError(409, "pod p is already assigned to node n1"), pod("n1", ANNOTATIONS), None,
+                     id="409 from our own binding"),
+        pytest.param(rest.ApiError(409, "pod p is already assigned to node n2"), pod("n2", {}), storage.Conflict,
+                     id="409, bound by someone else"),
+        pytest.param(rest.ApiError(504, "Timeout"), pod("n1", {}), storage.Conflict,
+                     id="504, bound here but not by our binding"),
+        pytest.param(rest.ApiError(504, "Timeout"), pod(), storage.Uncertain, id="504, not bound yet"),
+        pytest.param(rest.ApiError(504, "Timeout"), None, storage.Gone, id="504, pod gone"),
+        pytest.param(rest.ApiError(504, "Timeout"), pod("n1", ANNOTATIONS, uid="other"), storage.Gone,
+                     id="504, another pod under the name"),
+    ],
+)
+async def test_a_binding_is_read_back_after_a_lost_answer_or_a_409(
+    monkeypatch: pytest.MonkeyPatch, answer: Exception, read_back: Any, expect: type[Exception] | None
+) -> None:
+    script = Script(monkeypatch, answer, rest.ApiError(404, "gone") if read_back is None else read_back)
+    if expect is None:
+        await script.api.bind_pod(("ns", "p"), "pu", "n1", ANNOTATIONS)
+    else:
+        with pytest.raises(expect):
+            await script.api.bind_pod(("ns", "p"), "pu", "n1", ANNOTATIONS)
+    assert script.requests() == [("POST", POD_PATH + "/binding"), ("GET", POD_PATH)]
+    binding = script.sent[0].body
+    assert binding["metadata"]["uid"] == "pu" and binding["metadata"]["annotations"] == ANNOTATIONS
+    assert binding["target"] == {"apiVersion": "v1", "kind": "Node", "name": "n1"}
+
+
+@pytest.mark.parametrize("remaining", [None, 0.01])
+async def test_a_fenced_replica_sends_no_write(monkeypatch: pytest.MonkeyPatch, remaining: float | None) -> None:
+    class Closed:
+        def remaining(self) -> float | None:
+            return remaining
+
+    script = Script(monkeypatch)  # any request would fail the test: none is scripted
+    script.api.fence = Closed()
+    writes: list[Callable[[], Any]] = [
+        lambda: script.api.patch_group_status(("ns", "g"), BOUND, uid="u", resource_version="6"),
+        lambda: script.api.set_group_finalizers(("ns", "g"), [], uid="u", resource_version="6"),
+        lambda: script.api.bind_pod(("ns", "p"), "pu", "n1", ANNOTATIONS),
+        lambda: script.api.annotate_pod(("ns", "p"), "pu", ANNOTATIONS),
+        lambda: script.api.set_pod_scheduled_condition(("ns", "p"), status="False", reason="r", message="m"),
     ]
+    for write in writes:
+        with pytest.raises(storage.Fenced):
+            await write()
+    assert script.sent == []
+    assert {result for _, _, result in script.outcomes} == {"fenced"}
 
 
-async def test_pod_writes_carry_their_preconditions_and_the_binding_its_devices(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    sent: list[Sent] = []
-    api = api_answering(monkeypatch, {}, sent)
-    devices = {names.POD_SELECTED_DEVICES_ANNOTATION: '{"nvidia.com/gpu":"0"}'}
-    await api.bind_pod(("ns", "p"), "uid-1", "node-a", devices)
-    await api.annotate_pod(("ns", "p"), "uid-1", devices)
-    await api.set_pod_scheduled_condition(("ns", "p"), status="False", reason="Unschedulable", message="no room")
-    binding, annotation, condition = sent
-    assert (binding.method, binding.path) == ("POST", "/api/v1/namespaces/ns/pods/p/binding")
-    assert binding.body == {
-        "apiVersion": "v1", "kind": "Binding",
-        # The uid is the precondition (a pod deleted and re-created under the name is not bound); the
-        # devices travel in the same write.
-        "metadata": {"name": "p", "namespace": "ns", "uid": "uid-1", "annotations": devices},
-        "target": {"apiVersion": "v1", "kind": "Node", "name": "node-a"},
-    }
-    assert (annotation.method, annotation.path, annotation.content_type) == (
-        "PATCH", "/api/v1/namespaces/ns/pods/p", storage.MERGE_PATCH)
-    assert annotation.body == {"metadata": {"uid": "uid-1", "annotations": devices}}
-    assert (condition.method, condition.path, condition.content_type) == (
-        "PATCH", "/api/v1/namespaces/ns/pods/p/status", storage.STRATEGIC_MERGE_PATCH)
-    (cond,) = condition.body["status"]["conditions"]
-    assert {k: cond[k] for k in ("type", "status", "reason", "message")} == {
-        "type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "no room"}
+async def test_a_leaders_write_carries_what_is_left_of_its_renew_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Leader:
+        def remaining(self) -> float | None:
+            return 4.25
+
+    script = Script(monkeypatch, GROUP)
+    script.api.fence = Leader()
+    await script.api.patch_group_status(("ns", "g"), BOUND, uid="u", resource_version="6")
+    assert script.sent[0].path.endswith("?timeout=4250ms")
 
 
-async def test_names_are_one_path_segment_each(monkeypatch: pytest.MonkeyPatch) -> None:
-    sent: list[Sent] = []
-    api = api_answering(monkeypatch, GROUP, sent)
-    await api.read_group(("ns", "../shareddevicegroups?watch=true"))
-    assert sent[0].path.rsplit("/", 1)[1] == "..%2Fshareddevicegroups%3Fwatch%3Dtrue"
-    with pytest.raises(storage.Invalid):
-        await api.read_group(("ns", ".."))
-    assert len(sent) == 1  # refused before anything was sent
+async def test_group_reads_answer_with_the_parsed_record(monkeypatch: pytest.MonkeyPatch) -> None:
+    script = Script(monkeypatch, GROUP, GROUP)
+    expected = state.group_record(GROUP)
+    assert await script.api.read_group(("ns", "g")) == expected
+    assert await script.api.read_group_if_exists(("ns", "g")) == expected
+    assert script.requests() == [("GET", GROUP_PATH)] * 2
 
 
 async def test_a_missing_group_reads_as_none(monkeypatch: pytest.MonkeyPatch) -> None:
-    api = api_answering(monkeypatch, rest.ApiError(404, "not found"))
-    assert await api.read_group_if_exists(("ns", "g")) is None
+    script = Script(monkeypatch, rest.ApiError(404, "not found"), rest.ApiError(404, "not found"))
+    assert await script.api.read_group_if_exists(("ns", "g")) is None
     with pytest.raises(storage.Gone):
-        await api.read_group(("ns", "g"))
+        await script.api.read_group(("ns", "g"))

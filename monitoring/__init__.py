@@ -1,0 +1,1 @@
+"""Dashboards and alert rules shipped beside the operator (CONTRACT §11); not part of the installed package."""

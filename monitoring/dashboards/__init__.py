@@ -1,0 +1,1 @@
+"""Grafana dashboards built in Python; ``python -m monitoring`` writes their JSON beside them."""

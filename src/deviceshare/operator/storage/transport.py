@@ -1,0 +1,191 @@
+"""How one request reaches the API server: reads, and writes that are fenced, bounded, counted and resolved.
+
+**A write's outcome is known before anyone acts on it.** A write whose answer is lost (a 5xx such as ``504
+Timeout``, a timeout, a connection dropped after the request went out) may have landed: it is ``Uncertain``. The
+writes placement depends on resolve it by reading the object back (:meth:`Transport._resolve` with a judge from
+:mod:`..readback`): landed, not yet, overtaken or gone. Only when even the read-back fails does ``Uncertain``
+reach the caller, who then keeps everything the write could have claimed and tries again later.
+
+**A replica that is not the leader writes nothing.** Every write first asks the fence how long a write sent now
+may still land (the leader's renew deadline counted from its last renewal); none: ``Fenced``, nothing is sent.
+The time left travels with the request as kube-apiserver's ``timeout`` parameter, so the server gives up on a
+write it cannot finish before this replica's leadership could end — before any successor can be elected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+from urllib.parse import quote
+
+import aiohttp
+from kubernetes_asyncio import client as k8s
+
+from deviceshare.api import names
+from deviceshare.kube import rest
+
+from ..readback import Seen
+from .errors import (
+    MIN_WRITE_WINDOW,
+    READ_BACK_TRIES,
+    Conflict,
+    Fence,
+    Fenced,
+    Invalid,
+    OpenFence,
+    RetryLater,
+    Uncertain,
+    translate,
+)
+
+logger = logging.getLogger(__name__)
+
+GroupKey = tuple[str, str]
+PodKey = tuple[str, str]
+
+MERGE_PATCH = "application/merge-patch+json"
+STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
+
+
+def now_rfc3339() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class Transport:
+    """Requests for one ApiClient (created at start-up, closed at cleanup)."""
+
+    def __init__(self, api_client: k8s.ApiClient, *, request_timeout: float = 30.0) -> None:
+        self._client = api_client
+        # No call may hang for ever: a stuck write would hold its group's lock.
+        self.request_timeout = request_timeout
+        self.watch_timeout_s = 300  # the server ends a watch after this long; it is then resumed
+        # Who may write, and for how long (the runtime installs the leader's fence when it elects).
+        self.fence: Fence = OpenFence(request_timeout)
+        # Each write's outcome, as (verb, resource, result): deviceshare_api_writes_total (see metrics.py).
+        self.on_write: Callable[[str, str, str], None] = lambda verb, resource, result: None
+        # Writes abandoned while in flight (their task cancelled) may still land until their server deadline.
+        self._unsettled_until = 0.0
+
+    async def close(self) -> None:
+        await self._client.close()
+
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        what: str,
+        body: Any = None,
+        *,
+        content_type: str = "application/json",
+    ) -> Any:
+        """A read (or a Lease write, which the election guards itself)."""
+        try:
+            return await rest.call(
+                self._client, method, path, body, content_type=content_type, timeout=self.request_timeout
+            )
+        except rest.ApiError as e:
+            raise translate(e.status, e.message, e.headers, what) from e
+        except (aiohttp.ClientError, TimeoutError) as e:
+            raise RetryLater(f"{what}: {e!r}", delay=1.0) from e
+
+    async def _write(
+        self,
+        method: str,
+        path: str,
+        what: str,
+        body: Any,
+        *,
+        verb: str,
+        resource: str,
+        content_type: str = "application/json",
+        resolved_by_caller: bool = False,
+    ) -> Any:
+        """A write, fenced and bounded: sent only while this replica may write, with the server told to give it
+        up once that time is over. Its outcome is counted, except an ``Uncertain`` one the caller resolves
+        (``resolved_by_caller``: it counts ``uncertain_resolved`` or ``failed`` itself)."""
+        window = self.fence.remaining()
+        if window is None or window < MIN_WRITE_WINDOW:
+            self.on_write(verb, resource, "fenced")
+            raise Fenced(f"{what}: not sent, this replica is not the leader")
+        window = min(window, self.request_timeout)
+        deadline = time.monotonic() + window
+        try:
+            answer = await rest.call(
+                self._client, method, f"{path}?timeout={int(window * 1000)}ms", body,
+                content_type=content_type, timeout=window + 1.0,
+            )
+        except asyncio.CancelledError:  # abandoned, not withdrawn: the server may still apply it
+            self._unsettled_until = max(self._unsettled_until, deadline)
+            raise
+        except rest.ApiError as e:
+            error = translate(e.status, e.message, e.headers, what, write=True)
+            self._count_failure(verb, resource, error, resolved_by_caller)
+            raise error from e
+        except aiohttp.ClientConnectorError as e:  # never reached the server: certainly not applied
+            self.on_write(verb, resource, "failed")
+            raise RetryLater(f"{what}: {e}", delay=1.0) from e
+        except (aiohttp.ClientError, TimeoutError) as e:  # sent, answer lost: it may have been applied
+            error = Uncertain(f"{what}: the answer was lost ({type(e).__name__}: {e})")
+            self._count_failure(verb, resource, error, resolved_by_caller)
+            raise error from e
+        self.on_write(verb, resource, "ok")
+        return answer
+
+    async def settle(self) -> None:
+        """Return once no write this client abandoned in flight can still land (its server deadline passed):
+        a leader that hands its Lease over gracefully waits for this first, so its successor's rebuild sees
+        every write it sent."""
+        wait = self._unsettled_until - time.monotonic()
+        if wait > 0:
+            logger.info("waiting %.1fs for writes abandoned in flight to land or be given up", wait)
+            await asyncio.sleep(wait)
+
+    def _count_failure(self, verb: str, resource: str, error: Exception, resolved_by_caller: bool) -> None:
+        if isinstance(error, Conflict):
+            if not resolved_by_caller or resource != "pods/binding":  # a binding's 409 is read back too
+                self.on_write(verb, resource, "conflict")
+        elif not (resolved_by_caller and isinstance(error, Uncertain)):
+            self.on_write(verb, resource, "failed")
+
+    async def _resolve(
+        self, what: str, verb: str, resource: str, read: Callable[[], Awaitable[dict[str, Any] | None]],
+        judge: Callable[[dict[str, Any] | None], Seen],
+    ) -> tuple[Seen, dict[str, Any] | None]:
+        """Read the object back after an uncertain outcome and say what it shows; ``Uncertain`` if it cannot
+        be read (the outcome stays unknown: the caller keeps what the write could have claimed)."""
+        for attempt in range(READ_BACK_TRIES):
+            try:
+                body = await read()
+            except RetryLater as e:
+                logger.info("%s: reading it back failed (%s)", what, e)
+                await asyncio.sleep(0.1 * 2**attempt)
+                continue
+            seen = judge(body)
+            logger.info("%s: the answer was lost; read back: %s", what, seen.value)
+            self.on_write(verb, resource, "uncertain_resolved")
+            return seen, body
+        self.on_write(verb, resource, "failed")
+        raise Uncertain(f"{what}: the answer was lost and the object could not be read back")
+
+
+def _segment(name: str) -> str:
+    """``name`` as exactly one path segment (no name the API server accepts is empty, "." or "..")."""
+    if name in ("", ".", ".."):
+        raise Invalid(f"{name!r} cannot be the name of an object")
+    return quote(name, safe="")
+
+
+def _lease_path(own_namespace: str, name: str) -> str:
+    return f"/apis/coordination.k8s.io/v1/namespaces/{_segment(own_namespace)}/leases/{_segment(name)}"
+
+
+def _group_path(key: GroupKey) -> str:
+    return f"/apis/{names.API_VERSION}/namespaces/{_segment(key[0])}/{names.PLURAL}/{_segment(key[1])}"
+
+
+def _pod_path(key: PodKey) -> str:
+    return f"/api/v1/namespaces/{_segment(key[0])}/pods/{_segment(key[1])}"
