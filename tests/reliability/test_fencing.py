@@ -88,7 +88,7 @@ async def test_a_take_over_longer_than_the_lease_keeps_the_lease_and_no_second_r
         standby = Writes(second)
         cluster.create(workload.group_body(NS, "g", {workload.GPU: 2}))
         cluster.create(workload.pod_body(NS, "g-0", "g"))
-        await workload.until(lambda: first.runtime.scheduling, "the first replica schedules after its rebuild", 30)
+        await workload.until(lambda: first.runtime.scheduling, "the first replica schedules after its rebuild")
         took = time.monotonic() - acquired
         assert took >= LEASE_DURATION, f"the take-over lasted {took:.1f}s, not longer than the lease: tests nothing"
         await workload.until(lambda: workload.bound_pods(cluster, NS), "the leader binds the pod")
@@ -122,7 +122,7 @@ async def test_a_deposed_leaders_write_in_flight_is_given_up_and_it_writes_nothi
         deposed = time.monotonic()
         # The server gives the held write up at the deadline it carried (at most the renew deadline), or when
         # the deposed leader, cancelling its decisions, drops the connection: either way it is never applied.
-        await workload.until(lambda: held.given_up + held.abandoned == 1, "the held write given up", 15)
+        await workload.until(lambda: held.given_up + held.abandoned == 1, "the held write given up")
 
         group = cluster.get(names.PLURAL, "g", NS)
         assert (group.get("status") or {}).get("phase") != "Bound", "the deposed leader's claim landed"
@@ -147,13 +147,14 @@ async def test_a_pod_created_during_a_new_terms_rebuild_is_placed(cluster: Any, 
         take_the_lease(cluster, duration=1)
         await workload.until(lambda: not leader.runtime.scheduling, "the leader deposed")
         # The next term's rebuild: its list of nodes is held while pods and groups are already listed.
-        nodes = cluster.inject_fault("GET", r"^/api/v1/nodes$", delay=1.5)
-        await workload.until(lambda: nodes.fired, "the second term's rebuild under way", 15)
+        nodes = cluster.inject_fault("GET", r"^/api/v1/nodes$", hold=True)
+        await workload.until(lambda: nodes.fired, "the second term's rebuild under way")
         assert not leader.runtime.scheduling
         cluster.create(workload.group_body(NS, "late", {workload.GPU: 1}))
         cluster.create(workload.pod_body(NS, "late-0", "late"))
         created = int(cluster.get("pods", "late-0", NS)["metadata"]["resourceVersion"])
         still_rebuilding = not leader.runtime.scheduling
+        nodes.release()  # the rebuild goes on only now: the pod was surely created inside it
 
         await workload.until(lambda: len(workload.bound_pods(cluster, NS)) == 2, "the pod created mid-rebuild bound")
         listed = leader.runtime._listed["pods"]

@@ -191,7 +191,7 @@ async def test_an_internal_error_is_a_plain_denial_with_the_details_only_in_the_
 async def test_pods_naming_missing_groups_cost_the_api_one_lookup_per_name(
     webhook: server.RunningWebhook, http: aiohttp.ClientSession, fake_api: fakeapi.FakeApi
 ) -> None:
-    assert webhook.index is not None and await webhook.index.wait_synced(5.0)
+    assert webhook.index is not None and await webhook.index.wait_synced(waiting.HANG_GUARD)
     webhook.index.misses = misses.MissLimiter(clock=lambda: 0.0)  # time stands still: one interval
     for _ in range(25):
         _, answer = await post(http, webhook, make_review(pod("ghost")))
