@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from kubernetes_asyncio.client.exceptions import ApiException
 
@@ -148,6 +148,8 @@ async def test_generated_pods_are_mutated_or_denied_with_a_message_never_an_erro
 
     @settings(max_examples=20, database=None, deadline=None, suppress_health_check=list(HealthCheck))
     @given(pod=pods)
+    @example(pod={"group": "g"})  # both outcomes, whatever the draw: one to mutate and one to deny
+    @example(pod={"group": "UPPER"})
     def collect(pod: dict[str, Any]) -> None:
         examples.append(pod)
 
@@ -182,6 +184,6 @@ async def test_generated_pods_are_mutated_or_denied_with_a_message_never_an_erro
                 assert created["spec"]["schedulerName"] == names.DEFAULT_SCHEDULER_NAME, ex
                 assert created["metadata"]["labels"][names.POD_GROUP_LABEL] == ex["group"], ex
             outcomes["allowed"] = outcomes.get("allowed", 0) + 1
-        assert outcomes.get("denied") and outcomes.get("allowed"), outcomes
+        assert outcomes.get("denied") and outcomes.get("allowed"), (outcomes, [e.get("group") for e in examples])
     finally:
         await hook.stop()

@@ -141,18 +141,18 @@ class ApiServer(kmock.KubernetesScaffold):
     async def _held(self, fault: faults.Fault, request: kmock.Request) -> aiohttp.web.StreamResponse:
         """Hold the request until the test releases it, then carry it out and answer as ``fault`` says. A
         held request is already on its way (the last write of a killed process): it is served in a task of
-        its own, which the client's disconnect, cancelling this handler, does not cancel. A write held past
-        its own ``timeout`` is given up (504, not carried out), as by kube-apiserver."""
+        its own, which the client's disconnect, cancelling this handler, does not cancel. A write still held
+        when its own ``timeout`` ends is given up then (504, not carried out), as kube-apiserver does."""
         loop = asyncio.get_running_loop()
         deadline = parsing.write_deadline(str(request.method.value), request.params)
-        arrived = loop.time()
 
         async def serve() -> aiohttp.web.StreamResponse:
-            await fault.held()
             try:
-                if deadline is not None and loop.time() - arrived > deadline:
+                try:
+                    await asyncio.wait_for(fault.held(), deadline)
+                except TimeoutError:
                     fault.given_up += 1
-                    raise errors.request_timeout()
+                    raise errors.request_timeout() from None
                 self._fail(request, fault)
                 response = await self._serve(request)
             except errors.ApiError as e:
