@@ -6,6 +6,9 @@
 ARG PYTHON_IMAGE=python:3.11.7-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
+# The node agent's NVML bindings (nvidia-ml-py, pure Python, imported only by `deviceshare node-agent`);
+# build with --build-arg EXTRAS= for an operator/webhook image without them.
+ARG EXTRAS=nodeagent
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
@@ -13,7 +16,7 @@ COPY pyproject.toml README.md ./
 COPY src ./src
 RUN python -m pip wheel --no-deps --wheel-dir /wheels . \
  && python -m venv /opt/venv \
- && /opt/venv/bin/pip install /wheels/*.whl \
+ && /opt/venv/bin/pip install "$(ls /wheels/*.whl)${EXTRAS:+[$EXTRAS]}" \
  && /opt/venv/bin/pip uninstall --yes pip setuptools wheel
 
 FROM ${PYTHON_IMAGE}

@@ -176,6 +176,8 @@ def test_names_and_printer_columns() -> None:
         ({"resources": {"nvidia.com/gpu": 1}, "schedulingStrategy": "random"}, False),
         ({"resources": {"nvidia.com/gpu": 1}, "schedulingStrategy": "fgd"}, True),
         ({"resources": {"nvidia.com/gpu": 1}, "maxMembers": 10_001}, False),
+        ({"resources": {"nvidia.com/gpu": 1}, "minMembers": 10_001}, False),
+        ({"resources": {"nvidia.com/gpu": 1}, "minMembers": -1}, False),
     ],
 )
 def test_the_model_accepts_what_the_crd_accepts(spec: dict[str, Any], valid: bool) -> None:
@@ -297,3 +299,19 @@ def test_condition_time_is_rfc3339(stamp: str) -> None:
     assert models.Condition(type="Scheduled", status="True", last_transition_time=stamp).last_transition_time
     with pytest.raises(ValidationError, match="RFC 3339"):
         models.Condition(type="Scheduled", status="True", last_transition_time="yesterday")
+
+
+@pytest.mark.parametrize(
+    ("spec", "valid"),
+    [
+        ({**GPU_SPEC, "minMembers": 3}, True),
+        ({**GPU_SPEC, "minMembers": 3, "maxMembers": 3}, True),
+        ({**GPU_SPEC, "minMembers": 3, "maxMembers": 0}, True),  # maxMembers 0: unlimited
+        ({**GPU_SPEC, "minMembers": 4, "maxMembers": 3}, False),
+        ({**GPU_SPEC, "minMembers": 0, "maxMembers": 3}, True),  # no gang
+    ],
+)
+def test_gang_bounds_agree(spec: dict[str, Any], valid: bool) -> None:
+    """minMembers against maxMembers is a CEL rule in the CRD and a model validator: the same answers."""
+    assert crd_accepts(spec) is valid
+    assert model_accepts(spec) is valid

@@ -86,6 +86,13 @@ def rendered_files() -> dict[Path, str]:
                                              "--show-only", "templates/certificates.yaml"))
     files[ROOT / "manifests" / "overlays" / "cert-manager" / "certificates.yaml"] = _file(
         "certificates.yaml", cert_manager["certificates.yaml"])
+    # The kustomize components: the node agent (nodeAgent.enabled) and the MPS daemon (mps.enabled); the MPS
+    # component's switches on the operator, the webhook and the agent are kustomize patches beside it.
+    agent = {**BASE_VALUES, "nodeAgent.enabled": "true"}
+    for values, template, folder in ((agent, "node-agent.yaml", ("node-agent",)),
+                                     ({**agent, "mps.enabled": "true"}, "mps-daemon.yaml", ("overlays", "mps"))):
+        docs = by_template(template_text(values, "--show-only", f"templates/{template}"))[template]
+        files[ROOT.joinpath("manifests", *folder, template)] = _file(template, docs)
     return files
 
 

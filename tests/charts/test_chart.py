@@ -42,8 +42,8 @@ def test_helm_lint_passes_strictly_in_each_certificate_mode(mode: str) -> None:
     ({"operator.replicas": "two"}, "at '/operator/replicas': got string, want integer"),
     ({"webhook.certificates": "letsencrypt"},
      "at '/webhook/certificates': value must be one of 'self-signed', 'cert-manager', 'external'"),
-    ({"nodeAgent.enabled": "true"}, "nodeAgent.enabled: this chart version does not carry it yet (issue #23)"),
-    ({"mps.enabled": "true"}, "mps.enabled: this chart version does not carry it yet (issue #23)"),
+    ({"mps.enabled": "true"}, "mps.enabled needs nodeAgent.enabled"),
+    ({"mps.root": "run/mps"}, "at '/mps/root': 'run/mps' does not match"),
     ({"operator.leaderElect": "false"}, "operator.replicas > 1 needs operator.leaderElect: true"),
 ])
 def test_a_mistyped_or_unsupported_value_is_a_clear_error(values: dict[str, str], message: str) -> None:

@@ -119,6 +119,31 @@ def test_joining_rules(
     assert got == expected
 
 
+PREEMPTED = (
+    'SharedDeviceGroup "trainer" is being preempted by ml/urgent: it is placed again once its members have left'
+)
+
+
+@pytest.mark.parametrize(
+    ("group", "allocation", "expected"),
+    [
+        pytest.param(G(), HELD, joining.Wait(joining.Rule.PREEMPTED, PREEMPTED, joining.PREEMPTED_RETRY_S),
+                     id="a new member waits while its group's members are evicted"),
+        pytest.param(G(), None, joining.Join(places_group=True), id="released already: the member places it anew"),
+        pytest.param(G(deleting=True), HELD, joining.Refuse(joining.Rule.DELETING, DELETING),
+                     id="deleting before preempted"),
+        pytest.param(BROKEN, HELD, joining.Wait(joining.Rule.PREEMPTED, PREEMPTED, joining.PREEMPTED_RETRY_S),
+                     id="preempted before an invalid spec"),
+    ],
+)
+def test_a_preempted_group_takes_no_new_member_until_it_is_released(
+    group: G, allocation: claims.Allocation | None, expected: joining.Verdict
+) -> None:
+    got = joining.verdict(KEY, group, containers=PLAIN, env_names=ENV, conflicting_with=(), allocation=allocation,
+                          running_others=lambda: 0, preempted_by="ml/urgent")
+    assert got == expected
+
+
 def test_running_members_are_counted_only_for_a_group_with_a_limit() -> None:
     """Counting walks the group's members: a group with no maxMembers (most of them) never pays for it."""
     def count() -> int:

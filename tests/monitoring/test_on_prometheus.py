@@ -1,12 +1,12 @@
 """The shipped dashboard and alert rules on a real Prometheus scraping the operator and the webhook.
 
 The sandbox cluster runs the operator and the webhook (over TLS, registered as the API server's admission
-webhooks); groups are bound (in two waves, so rates and latency quantiles have something to show) and one
-is unschedulable. Prometheus scrapes both with monitoring/alerts.yaml loaded, the pending-too-long alert's
-``for:`` shortened by an override. Then every panel query of the dashboard (variables as "All") and every
-alert expression must evaluate without error, the panels must show data (all but those waiting for another
-branch's metrics, at least 60% in any case), the alert must fire, and no series may carry a pod's or a
-group's name or uid.
+webhooks); groups are bound (in waves, so rates and latency quantiles have something to show), one is
+unschedulable, and one of higher priority preempts another. Prometheus scrapes both with
+monitoring/alerts.yaml loaded, the pending-too-long alert's ``for:`` shortened by an override. Then every panel
+query of the dashboard (variables as "All") and every alert expression must evaluate without error, the panels
+must show data (all but those waiting for another branch's metrics, at least 60% in any case), the alert must
+fire, and no series may carry a pod's or a group's name or uid.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import pytest
 import yaml
 from monitoring.dashboards import fleet
 
+from deviceshare.api import names as api_names
 from deviceshare.kube import applying, connecting
 from deviceshare.operator.process import OperatorThread
 from deviceshare.sandbox import Sandbox
@@ -38,12 +39,7 @@ NS = "ml"
 PENDING_ALERT = "DeviceshareGroupsPendingTooLong"
 RATE_INTERVAL = "1m"  # what Grafana's $__rate_interval is for a 15 s scrape interval
 # Agreed names (COORDINATION.md) other branches add; their panels show "no data" until then, not an error.
-AWAITING = {
-    "deviceshare_preemptions_total": "#22",
-    "deviceshare_preemption_victims_total": "#22",
-    "deviceshare_nominations": "#22",
-    "deviceshare_devices_unhealthy": "#23",
-    "deviceshare_groups_on_unhealthy_devices": "#23",
+AWAITING: dict[str, str] = {
 }
 BOUNDED_LABELS = {"__name__", "job", "instance", "node", "resource", "reason", "phase", "result", "verb", "kind",
                   "path", "le"}  # fmt: skip
@@ -132,6 +128,16 @@ async def test_every_panel_and_alert_evaluates_and_the_panels_show_data(
         pods = [await kube.wait_bound(NS, name) for name in ("trainer-0", "half-0")]
         await prom.until(lambda: bound_seen(2), "Prometheus to see the first wave bound")
         await prom.until(lambda: webhook_scraped(prom, targets), "a scrape of the webhook after the first wave")
+        # Then a GPU the trainer holds falls ill (the node agent's annotation, CONTRACT §9, written here).
+        held = json.loads(pods[0]["metadata"]["annotations"][api_names.POD_SELECTED_DEVICES_ANNOTATION])[GPU].split(",")
+        cluster.patch("nodes", pods[0]["spec"]["nodeName"],
+                      {"metadata": {"annotations": {api_names.NODE_HEALTH_ANNOTATION: json.dumps({GPU: held[:1]})}}})
+
+        async def ill_seen() -> bool:
+            got = await prom.query("sum(deviceshare_groups_on_unhealthy_devices)")
+            return bool(got) and float(got[0]["value"][1]) == 1
+
+        await prom.until(ill_seen, "Prometheus to see a group holding an unhealthy GPU")
         # Wave 2, after a scrape saw the first: counters and histograms grow between two samples.
         await kube.create_group(NS, "eval", {GPU: 1})
         for pod, group in (("eval-0", "eval"), ("trainer-1", "trainer")):
@@ -139,6 +145,22 @@ async def test_every_panel_and_alert_evaluates_and_the_panels_show_data(
         pods += [await kube.wait_bound(NS, name) for name in ("eval-0", "trainer-1")]
         await prom.until(lambda: bound_seen(3), "Prometheus to see the second wave bound")
         await prom.until(lambda: webhook_scraped(prom, targets), "a scrape of the webhook after the second wave")
+
+        # Wave 3: batch groups fill the three other nodes; an urgent group of higher priority preempts one.
+        for i in (1, 2, 3):
+            await kube.create_group(NS, f"batch-{i}", {GPU: 8})
+            await kube.create_pod(NS, f"batch-{i}-0", f"batch-{i}")
+        pods += [await kube.wait_bound(NS, f"batch-{i}-0") for i in (1, 2, 3)]
+        await kube.create_priority_class("urgent", 1000)
+        await kube.create_group(NS, "urgent", {GPU: 8})
+        await kube.create_pod(NS, "urgent-0", "urgent", priority_class="urgent")
+        pods.append(await kube.wait_bound(NS, "urgent-0", timeout=30))
+
+        async def preempted() -> bool:
+            got = await prom.query('sum(deviceshare_preemptions_total{result="evicted"})')
+            return bool(got) and float(got[0]["value"][1]) == 1
+
+        await prom.until(preempted, "Prometheus to see the preemption")
 
         async def firing() -> list[dict[str, Any]]:
             alerts = (await prom.api("alerts"))["alerts"]
@@ -183,7 +205,8 @@ async def test_every_panel_and_alert_evaluates_and_the_panels_show_data(
         # Bounded labels on the real scrape: none names a pod, a group or a uid.
         series = await prom.api("series", **{"match[]": '{__name__=~"deviceshare_.+"}'})
         assert {key for s in series for key in s} <= BOUNDED_LABELS
-        secrets = {"trainer", "half", "huge", "eval", "trainer-0", "trainer-1", "half-0", "huge-0", "eval-0", NS}
+        secrets = {"trainer", "half", "huge", "eval", "trainer-0", "trainer-1", "half-0", "huge-0", "eval-0", NS,
+                   "urgent", "urgent-0", *(f"batch-{i}" for i in (1, 2, 3)), *(f"batch-{i}-0" for i in (1, 2, 3))}
         secrets |= {p["metadata"]["uid"] for p in pods}
         assert not {v for s in series for v in s.values()} & secrets
         assert not any(s["__name__"].endswith("_created") for s in series)

@@ -8,13 +8,18 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry
 
+from deviceshare.kube import connecting
+from deviceshare.nodeagent import agent, nvmlsource, publishing
 from deviceshare.operator.config import OperatorConfig
 from deviceshare.operator.process import OperatorThread
 from deviceshare.sandbox import Sandbox
 from tests import waiting
+from tests.nodeagent import fakenvml, servers
 from tests.operator.kube import Kube
 
 
@@ -68,3 +73,30 @@ async def operator(cluster: Sandbox) -> AsyncIterator[RunningOperator]:
     running = await start_operator(operator_config(cluster))
     yield running
     await running.stop()
+
+
+@dataclasses.dataclass
+class NodeAgent:
+    """A node agent reading a recorded server through the fake NVML (tests.nodeagent), as the DaemonSet would."""
+
+    agent: agent.NodeAgent
+    nvml: fakenvml.FakeNvml
+
+    def row(self, uuid: str) -> int:
+        return next(r for r in range(self.nvml.server.gpus) if self.nvml.server.uuid(r) == uuid)
+
+
+@pytest.fixture
+async def publish(cluster: Sandbox) -> AsyncIterator[Any]:
+    """``await publish(node, server)``: an agent on ``node`` publishes once; its NVML and loop stay for the test."""
+    async with await connecting.api_client(str(cluster.kubeconfig)) as client:
+        async def start(node: str, server: servers.Server, **config: Any) -> NodeAgent:
+            nvml = fakenvml.FakeNvml(server)
+            source = nvmlsource.NvmlSource(nvml)
+            source.start()
+            api = publishing.NodeApi(client, node, publishing.writes_counter(CollectorRegistry()))
+            made = NodeAgent(agent.NodeAgent(api, [source], agent.AgentConfig(**config)), nvml)
+            await made.agent.sync()
+            return made
+
+        yield start

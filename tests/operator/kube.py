@@ -76,6 +76,8 @@ class Kube:
         memory: str = "128Mi",
         node_selector: Mapping[str, str] | None = None,
         tolerations: list[dict[str, Any]] | None = None,
+        priority_class: str | None = None,
+        preemption_policy: str | None = None,
     ) -> dict[str, Any]:
         await self.ensure_namespace(ns)
         annotations = {names.POD_GROUP_ANNOTATION: group} if group else {}
@@ -90,6 +92,10 @@ class Kube:
             spec["nodeSelector"] = dict(node_selector)
         if tolerations:
             spec["tolerations"] = tolerations
+        if priority_class:
+            spec["priorityClassName"] = priority_class
+        if preemption_policy:
+            spec["preemptionPolicy"] = preemption_policy
         body = {"apiVersion": "v1", "kind": "Pod",
                 "metadata": {"name": name, "namespace": ns, "annotations": annotations, "labels": labels},
                 "spec": spec}
@@ -97,6 +103,15 @@ class Kube:
             self.core.create_namespaced_pod(ns, body, _preload_content=False)
         )
         return data
+
+    async def create_priority_class(self, name: str, value: int, **extra: Any) -> None:
+        """A PriorityClass (scheduling.k8s.io/v1): the API server's Priority admission sets ``spec.priority``
+        on pods that name it."""
+        body = {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": name},
+                "value": value, **extra}
+        await self._json(self.custom.create_cluster_custom_object(
+            "scheduling.k8s.io", "v1", "priorityclasses", body, _preload_content=False
+        ))
 
     async def pod(self, ns: str, name: str) -> dict[str, Any] | None:
         try:

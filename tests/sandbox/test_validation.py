@@ -83,6 +83,7 @@ async def test_defaults_are_applied_and_unknown_fields_pruned(http: Http) -> Non
         "resources": {"nvidia.com/gpu": 1},
         "schedulingStrategy": "binpack",
         "maxMembers": 0,
+        "minMembers": 0,
     }
 
 
@@ -111,6 +112,7 @@ async def _bound_group(sandbox: Sandbox, http: Http, **spec: Any) -> None:
         ({"spec": {"nodeSelector": {"zone": "a"}}}, "spec.nodeSelector is immutable once the group is Bound"),
         ({"spec": {"share": {"nvidia.com/gpu": {"compute": "600m"}}}}, "spec.share is immutable"),
         ({"spec": {"share": None}}, "spec.share is immutable once the group is Bound"),
+        ({"spec": {"minMembers": 2}}, "spec.minMembers is immutable once the group is Bound"),
     ],
 )
 async def test_cel_transition_rules_freeze_a_bound_group(
@@ -152,3 +154,21 @@ async def test_pods_need_containers(http: Http) -> None:
 async def test_names_must_be_dns_subdomains(http: Http) -> None:
     status, error = await http.call("POST", SDG, sdg("Not_Valid"))
     assert status == 422 and "metadata.name" in error["message"]
+
+
+@pytest.mark.parametrize(
+    ("spec", "accepted"),
+    [
+        ({"minMembers": 3, "maxMembers": 3}, True),
+        ({"minMembers": 3}, True),  # maxMembers 0: unlimited
+        ({"minMembers": 4, "maxMembers": 3}, False),
+        ({"minMembers": -1}, False),
+    ],
+)
+async def test_a_gang_fits_its_group(http: Http, spec: dict[str, Any], accepted: bool) -> None:
+    status, answer = await http.call("POST", SDG, sdg("g", **spec))
+    if accepted:
+        assert status == 201 and answer["spec"]["minMembers"] == spec["minMembers"]
+        return
+    assert (status, answer["reason"]) == (422, "Invalid")
+    assert "minMembers" in answer["message"], answer["message"]

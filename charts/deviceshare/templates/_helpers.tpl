@@ -79,12 +79,8 @@ annotations:
 
 {{/* Refuse values whose parts are not in this chart version yet, rather than ignore them. */}}
 {{- define "deviceshare.notYet" -}}
-{{- range $path, $issue := dict "nodeAgent.enabled" "#23" "mps.enabled" "#23" }}
-{{- $value := $.Values }}
-{{- range splitList "." $path }}{{ $value = index $value . }}{{ end }}
-{{- if $value }}
-{{- fail (printf "%s: this chart version does not carry it yet (issue %s); leave it false" $path $issue) }}
-{{- end }}
+{{- if and .Values.mps.enabled (not .Values.nodeAgent.enabled) }}
+{{- fail "mps.enabled needs nodeAgent.enabled: the node agent tells which nodes run the MPS daemon (deviceshare.io/mps: ready)" }}
 {{- end }}
 {{- if and (gt (int .Values.operator.replicas) 1) (not .Values.operator.leaderElect) }}
 {{- fail "operator.replicas > 1 needs operator.leaderElect: true (two schedulers would place groups twice)" }}

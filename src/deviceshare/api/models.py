@@ -109,7 +109,8 @@ class DeviceShare(_Model):
 
 
 class GroupSpec(_Model):
-    """What a group asks for. ``resources``, ``share`` and ``nodeSelector`` are immutable once Bound."""
+    """What a group asks for. ``resources``, ``share``, ``nodeSelector`` and ``minMembers`` are immutable
+    once Bound."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -118,6 +119,8 @@ class GroupSpec(_Model):
     node_selector: dict[str, LabelValue] = Field(default_factory=dict, max_length=MAX_SELECTOR_ENTRIES)
     scheduling_strategy: Strategy = "binpack"
     max_members: int = Field(default=0, ge=0, le=MAX_MEMBERS_LIMIT)
+    # Gang start (CONTRACT §8): 0 = no gang; N = bind nobody until N members exist and fit one node.
+    min_members: int = Field(default=0, ge=0, le=MAX_MEMBERS_LIMIT)
 
     @field_validator("resources")
     @classmethod
@@ -129,6 +132,14 @@ class GroupSpec(_Model):
         unknown = sorted(set(self.share) - set(self.resources))
         if unknown:
             raise ValueError(f"spec.share names {unknown}, which spec.resources does not list")
+        return self
+
+    @model_validator(mode="after")
+    def _gang_fits_the_group(self) -> GroupSpec:
+        if self.max_members and self.min_members > self.max_members:
+            raise ValueError(
+                f"spec.minMembers ({self.min_members}) must not exceed spec.maxMembers ({self.max_members})"
+            )
         return self
 
     @property
@@ -158,6 +169,7 @@ class Condition(_Model):
 class GroupStatus(_Model):
     phase: Phase = "Pending"
     node_name: str | None = None
+    nominated_node_name: str | None = None  # preemption under way there for this group (CONTRACT §8)
     allocated_devices: dict[str, list[str]] = Field(default_factory=dict)
     allocated_tiles: dict[str, list[str]] = Field(default_factory=dict)  # resource -> "<device>.<tile>"
     members: list[str] = Field(default_factory=list)

@@ -31,6 +31,12 @@ NVIDIA_GPU_MEMORY_LABEL: Final = "nvidia.com/gpu.memory"
 NVIDIA_GPU_RESOURCE: Final = "nvidia.com/gpu"
 INTEL_TILES_LABEL: Final = "gpu.intel.com/tiles"
 INTEL_RESOURCE_PREFIX: Final = "gpu.intel.com/"
+# What a node agent publishes (CONTRACT §9): JSON resource -> {device -> {"numa": n, "links": {other: link}}};
+# JSON resource -> unhealthy device IDs; "ready" when an MPS control daemon serves the node's GPUs.
+NODE_TOPOLOGY_ANNOTATION: Final = "deviceshare.io/device-topology"
+NODE_HEALTH_ANNOTATION: Final = "deviceshare.io/device-health"
+NODE_MPS_ANNOTATION: Final = "deviceshare.io/mps"
+NODE_MPS_READY: Final = "ready"
 
 # Pods
 POD_GROUP_ANNOTATION: Final = "deviceshare.io/device-group"
@@ -50,6 +56,7 @@ PHASE_RELEASING: Final = "Releasing"
 CONDITION_SCHEDULED: Final = "Scheduled"
 CONDITION_NODE_LOST: Final = "NodeLost"
 CONDITION_CONFLICT: Final = "DeviceConflict"
+CONDITION_DEVICE_UNHEALTHY: Final = "DeviceUnhealthy"
 
 # Operator environment
 DEFAULT_SCHEDULER_NAME: Final = "deviceshare-scheduler"

@@ -31,6 +31,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "explain": ("deviceshare.cli.explain", "why a pod is pending, in plain words"),
     "certs": ("deviceshare.webhooks.certs", "generate a self-signed CA and webhook serving certificate"),
     "simulate": ("deviceshare.cli.simulate", "replay a node and pod list through the placement policies"),
+    "node-agent": ("deviceshare.nodeagent.command", "publish this node's devices, links, health and MPS state"),
 }
 
 EXIT_CONFIG = 2  # a setting the user must fix (also argparse's exit code for a bad flag)

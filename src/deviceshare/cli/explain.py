@@ -21,6 +21,7 @@ import yaml
 
 from deviceshare.api import names
 from deviceshare.cli import inspect as inspect_
+from deviceshare.cli import linkview
 from deviceshare.core import inventory, reasons
 
 if TYPE_CHECKING:
@@ -28,6 +29,8 @@ if TYPE_CHECKING:
 
 _COUNTED = re.compile(r"^\d+/\d+ nodes are available: (?P<reasons>.*?)\.?$")
 _REASON = re.compile(r"^(?P<count>\d+) (?P<reason>.+)$")
+_GANG_WIDE = re.compile(r"^gang of (?P<n>\d+) member pods: ")
+_GANG_WAITING = re.compile(r"^(?P<present>\d+)/(?P<needed>\d+) member pods exist")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,8 +44,10 @@ class Facts:
 
 
 def split_reasons(message: str) -> dict[str, int]:
-    """``0/4 nodes are available: 3 insufficient nvidia.com/gpu, 1 not in shared mode.`` -> counts."""
-    match = _COUNTED.match(message.strip())
+    """``0/4 nodes are available: 3 insufficient nvidia.com/gpu, 1 not in shared mode.`` -> counts (a gang's
+    ``gang of 3 member pods: `` prefix and a ``preemption: ...`` sentence after the counts are set aside)."""
+    message = _GANG_WIDE.sub("", message.strip()).split(". ", 1)[0]
+    match = _COUNTED.match(message)
     if not match:
         return {}
     out: dict[str, int] = {}
@@ -135,7 +140,13 @@ def _hints(facts: Facts, message: str) -> list[str]:
             hints.append(f"{count} {reason}: check kubectl get nodes.")
         elif reason == reasons.INVALID_INVENTORY:
             bad = [f"{i.name}: {'; '.join(i.problems)}" for i in infos if i.problems]
-            hints.append(f"Fix the {names.NODE_DEVICES_ANNOTATION} annotation: {' | '.join(bad) or '?'}.")
+            hints.append(f"Fix the node's device annotations: {' | '.join(bad) or '?'}.")
+        elif reason == reasons.NO_MPS:
+            ready = [i.name for i in infos if i.shared and i.mps_ready]
+            hints.append(f"{count} node(s) run no MPS control daemon, and the operator enforces shares with MPS "
+                         f"(--mps); nodes that do: {', '.join(ready) or 'none'}. Install the MPS overlay "
+                         f"(manifests/overlays/mps), whose node agent annotates {names.NODE_MPS_ANNOTATION}=ready.")
+    hints += _gang_and_priority_hints(facts, message)
     if "is being deleted" in message:
         hints.append("The group is being deleted; its pods will not be placed. Recreate the group after it is gone.")
     if "also claimed by" in message:
@@ -145,6 +156,28 @@ def _hints(facts: Facts, message: str) -> list[str]:
 
 _CAPACITY = re.compile(r"^insufficient (?P<resource>\S+) (?P<what>compute|memory|tiles)$")
 _UNDECLARED = re.compile(r"^no declared device (?P<what>memory|tiles) for (?P<resource>\S+)$")
+
+
+def _gang_and_priority_hints(facts: Facts, message: str) -> list[str]:
+    """CONTRACT §8: a gang waiting for members or for one node to take all of them; a preemption under way."""
+    hints: list[str] = []
+    waiting = _GANG_WAITING.match(message)
+    if waiting:
+        missing = int(waiting["needed"]) - int(waiting["present"])
+        hints.append(f"The group is a gang (minMembers {waiting['needed']}): nothing is placed or held until "
+                     f"{waiting['needed']} member pods exist; {missing} more to create.")
+    wide = _GANG_WIDE.match(message)
+    if wide:
+        hints.append(f"A gang starts on ONE node with room for all {wide['n']} pods at once (their CPU and memory "
+                     "requests add up, beside the group's devices); lower the pods' requests or spec.minMembers.")
+    if "preempting " in message or "Preempting on node" in message:
+        status = ((facts.group or {}).get("status") or {})
+        hints.append(f"Lower-priority groups are being evicted to make room (nominated node "
+                     f"{status.get('nominatedNodeName') or '?'}); the pod is placed once they are gone.")
+    if "preemptionPolicy=Never" in message:
+        hints.append("Its PriorityClass says preemptionPolicy: Never, so it waits for room instead of evicting "
+                     "lower-priority groups.")
+    return hints
 
 
 def _capacity_hint(
@@ -220,6 +253,11 @@ def explain(facts: Facts) -> list[str]:
         lines.append(f"Group {ns}/{group_name}: phase {shown_phase}, {where}; "
                      f"members {len(members)}{f'/{limit}' if limit else ''}"
                      + (f" ({', '.join(members)})" if members else "") + ".")
+        node_info = next((inventory.node_from_object(n) for n in facts.snapshot.nodes
+                          if (n.get("metadata") or {}).get("name") == status.get("nodeName")), None)
+        if node_info is not None:
+            for text in linkview.group_links(node_info.topology, status.get("allocatedDevices") or {}):
+                lines.append(f"  devices {text}")
         for c in status.get("conditions") or []:
             lines.append(f"  condition {c.get('type')}={c.get('status')} ({c.get('reason', '')}): "
                          f"{c.get('message', '')}")

@@ -23,8 +23,9 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TextIO
 
 from deviceshare.api import names, quantities
-from deviceshare.cli import shareview
+from deviceshare.cli import linkview, shareview, waitingview
 from deviceshare.core import capacity, inventory
+from deviceshare.core import topology as topologies
 
 if TYPE_CHECKING:
     from kubernetes_asyncio import client as k8s
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
 FREE = "-"
 CONFLICT = "CONFLICT"
 NOT_IN_INVENTORY = "NOT-IN-INVENTORY"
+UNHEALTHY = "UNHEALTHY"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +65,7 @@ class Device:
     in_inventory: bool = True
     memory_cap: int | None = None  # bytes the node declares per device of this resource
     tiles_cap: int = 0
+    unhealthy: bool = False  # the node reports it so (deviceshare.io/device-health): no new group gets it
 
     def use(self) -> capacity.DeviceUse | None:
         """The parts sharing holders took, summed by the core's arithmetic; None when nobody shares."""
@@ -112,6 +115,7 @@ class NodeDevices:
     exists: bool
     resources: Mapping[str, tuple[Device, ...]]
     problems: tuple[str, ...] = ()
+    topology: Mapping[str, topologies.Topology] = dataclasses.field(default_factory=dict)
 
     def total(self, resource: str) -> int:
         return sum(1 for d in self.resources.get(resource, ()) if d.in_inventory)
@@ -120,7 +124,12 @@ class NodeDevices:
         return sum(1 for d in self.resources.get(resource, ()) if d.in_inventory and d.holders)
 
     def free(self, resource: str) -> list[str]:
-        return [d.id for d in self.resources.get(resource, ()) if d.in_inventory and not d.holders]
+        """Devices a new group could get: in the inventory, held by nobody, not unhealthy."""
+        return [d.id for d in self.resources.get(resource, ()) if d.in_inventory and not d.holders and not d.unhealthy]
+
+    def links(self, resource: str) -> dict[str, list[str]]:
+        """Group ref -> its devices of ``resource`` on this node, for the links they have."""
+        return linkview.holders(self.resources.get(resource, ()))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,7 +182,9 @@ def device_map(nodes: Sequence[Mapping[str, Any]], groups: Sequence[Mapping[str,
             by_id = claimed.get(resource, {})
             caps = {"memory_cap": info.device_memory.get(resource) if info else None,
                     "tiles_cap": info.device_tiles.get(resource, 0) if info else 0}
-            devices = [Device(i, tuple(by_id.get(i, ())), **caps) for i in ids]  # type: ignore[arg-type]
+            sick = info.unhealthy.get(resource, frozenset()) if info else frozenset()
+            devices = [Device(i, tuple(by_id.get(i, ())), unhealthy=i in sick, **caps)  # type: ignore[arg-type]
+                       for i in ids]
             devices += [Device(i, tuple(h), False, **caps)  # type: ignore[arg-type]
                         for i, h in sorted(by_id.items()) if i not in ids]
             resources[resource] = tuple(devices)
@@ -184,6 +195,7 @@ def device_map(nodes: Sequence[Mapping[str, Any]], groups: Sequence[Mapping[str,
             exists=info is not None,
             resources=resources,
             problems=tuple(info.problems) if info is not None else ("node not found",),
+            topology=dict(info.topology) if info is not None else {},
         ))
     return out
 
@@ -228,6 +240,7 @@ def to_json(nodes: Sequence[NodeDevices]) -> dict[str, Any]:
                                 "id": d.id,
                                 "inInventory": d.in_inventory,
                                 "conflict": d.conflict,
+                                **({"unhealthy": True} if d.unhealthy else {}),
                                 **({"problem": d.problem} if d.problem else {}),
                                 **({"left": d.left()} if d.left() else {}),
                                 "groups": [
@@ -238,6 +251,9 @@ def to_json(nodes: Sequence[NodeDevices]) -> dict[str, Any]:
                             }
                             for d in devices
                         ],
+                        **({"links": {ref: {"devices": ids, **linkview.links(n.topology.get(resource), ids)}
+                                      for ref, ids in n.links(resource).items()}}
+                           if resource in n.topology else {}),
                     }
                     for resource, devices in n.resources.items()
                 },
@@ -269,6 +285,8 @@ def render_table(nodes: Sequence[NodeDevices], out: TextIO) -> None:
                 notes = [CONFLICT] if d.conflict else []
                 if not d.in_inventory:
                     notes.append(NOT_IN_INVENTORY)
+                if d.unhealthy:
+                    notes.append(UNHEALTHY)
                 left = ",".join(f"{k}={v}" for k, v in d.left().items()) or FREE
                 if not d.holders:
                     rows.append((n.name, resource, d.id, FREE, FREE, FREE, left, " ".join(notes)))
@@ -285,6 +303,11 @@ def render_table(nodes: Sequence[NodeDevices], out: TextIO) -> None:
                                  ("node not found", not n.exists)) if on]
         flags += [p for p in n.problems if p != "node not found"]
         out.write(f"{n.name}: {summary}" + (f" ({'; '.join(flags)})" if flags else "") + "\n")
+        for resource in n.resources:
+            for ref, ids in n.links(resource).items():
+                text = linkview.line(ref, resource, ids, n.topology.get(resource))
+                if text:
+                    out.write(f"  {text}\n")
 
 
 # -- command -----------------------------------------------------------------------------------
@@ -301,20 +324,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 async def inspect(
     kubeconfig: str | None, *, context: str | None = None, only: Sequence[str] | None = None
-) -> list[NodeDevices]:
+) -> tuple[list[NodeDevices], list[waitingview.Waiting]]:
+    """The device map (of ``only`` these nodes), and the groups that wait (all of them, with why)."""
     from deviceshare.kube import connecting
 
     async with await connecting.api_client(kubeconfig, context=context) as api:
         snap = await read_snapshot(api, pods=False)
     nodes = device_map(snap.nodes, snap.groups)
-    return [n for n in nodes if not only or n.name in only]
+    return [n for n in nodes if not only or n.name in only], waitingview.waiting(snap.groups)
 
 
 def run(args: argparse.Namespace) -> int:
     from deviceshare.kube import rest
 
     try:
-        nodes = asyncio.run(inspect(args.kubeconfig, context=args.context, only=args.node))
+        nodes, waiting = asyncio.run(inspect(args.kubeconfig, context=args.context, only=args.node))
     except rest.ApiError as e:
         print(f"deviceshare inspect: {e}", file=sys.stderr)
         return 1
@@ -325,8 +349,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"deviceshare inspect: no such shared node: {', '.join(args.node)}", file=sys.stderr)
         return 1
     if args.output == "json":
-        json.dump(to_json(nodes), sys.stdout, indent=2)
+        json.dump({**to_json(nodes), "waiting": waitingview.to_json(waiting)}, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         render_table(nodes, sys.stdout)
+        waitingview.render(waiting, sys.stdout)
     return 0

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from deviceshare.api import models
-from deviceshare.core import capacity, fgdindex, fgdratings, inventory, shareplacement, workloadmix
+from deviceshare.core import capacity, fgdindex, fgdratings, inventory, linkscore, shareplacement, workloadmix
 from deviceshare.core import fragmentation as frag
 from deviceshare.core import ledger as ledgers
 from deviceshare.core import placement as placements
@@ -213,10 +213,12 @@ class FGDPlacement:
             while j < len(rated) and rated[j][0] == rated[i][0]:
                 j += 1
             level = [classes.classes[cid] for _, _, cid in rated[i:j]]
-            for name in heapq.merge(*level) if len(level) > 1 else level[0]:
-                state = nodes[name]
+            walk = (nodes[name] for name in (heapq.merge(*level) if len(level) > 1 else level[0]))
+            for state in walk:
                 if fits(state):
-                    got = ratings[classes.class_of(name)]
+                    if linkscore.applies(snapshot, request.resources) and not request.share:
+                        state = linkscore.prefer(state, walk, lambda s: 0, fits, request.resources)
+                    got = ratings[classes.class_of(state.info.name)]
                     assert got is not None
                     return self._placement(snapshot, request, state, resource, shape, got)
             i = j
@@ -259,16 +261,22 @@ class FGDPlacement:
         rated: dict[frag.Signature, _Rating | None] = {}
         best: ledgers.NodeState | None = None
         best_rating: _Rating = (-1, ())
-        for state in feasible:  # by name: the first of equal scores wins
+        tied: list[ledgers.NodeState] = []  # the feasible nodes of the best score so far, by name
+        for state in feasible:  # by name: the first of equal scores wins (unless links tell, linkscore)
             sig = self.signature(state, resource)
             if sig in rated:
                 got = rated[sig]
             else:
                 got = rated[sig] = fgdratings.rate(measure, sig, shape)
             if got is not None and got[0] > best_rating[0]:
-                best, best_rating = state, got
+                best, best_rating, tied = state, got, [state]
+            elif got is not None and got[0] == best_rating[0]:
+                tied.append(state)
         if best is None:
             return self._fallback(snapshot, request, feasible)
+        if linkscore.applies(snapshot, request.resources) and not request.share:
+            best = linkscore.best_of(tied, request.resources)
+            best_rating = rated[self.signature(best, resource)] or best_rating
         return self._placement(snapshot, request, best, resource, shape, best_rating)
 
     @staticmethod

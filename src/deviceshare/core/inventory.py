@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from deviceshare.api import names, quantities
-from deviceshare.core import devicecapacity
+from deviceshare.core import devicecapacity, nodefacts
+from deviceshare.core import topology as topologies
 
 GroupKey = tuple[str, str]  # (namespace, name)
 PodKey = tuple[str, str]  # (namespace, name)
@@ -52,6 +53,11 @@ class NodeInfo:
     # Per-device capacity for sharing groups (CONTRACT §7); a resource absent here declared none.
     device_memory: Mapping[str, int] = field(default_factory=dict)  # resource -> bytes per device
     device_tiles: Mapping[str, int] = field(default_factory=dict)  # resource -> tiles per device
+    # What the node agent tells (CONTRACT §9): links between devices, devices that are unhealthy (never
+    # free for a new group, see holdings.left_on), and whether an MPS control daemon serves the GPUs.
+    topology: Mapping[str, topologies.Topology] = field(default_factory=dict)
+    unhealthy: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    mps_ready: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +152,7 @@ def node_from_object(obj: Mapping[str, Any]) -> NodeInfo:
         devices = {}
 
     device_memory, device_tiles = devicecapacity.read(labels, annotations, devices, problems)
+    facts = nodefacts.read(annotations, problems)
 
     cpu, memory = 0, 0
     try:
@@ -178,6 +185,9 @@ def node_from_object(obj: Mapping[str, Any]) -> NodeInfo:
         problems=tuple(problems),
         device_memory=device_memory,
         device_tiles=device_tiles,
+        topology=facts.topology,
+        unhealthy=facts.unhealthy,
+        mps_ready=facts.mps_ready,
     )
 
 

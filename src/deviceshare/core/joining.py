@@ -23,6 +23,7 @@ from . import members as member_rules
 GroupKey = tuple[str, str]
 
 IN_FLIGHT_RETRY_S = 0.1  # a placement in flight is one status write away from done
+PREEMPTED_RETRY_S = 1.0  # a preempted group's members are being evicted: a release is seconds away
 
 
 class Rule(enum.Enum):
@@ -32,6 +33,7 @@ class Rule(enum.Enum):
     BAD_NAME = "bad-name"  # the annotation is not a group name
     MISSING = "missing"
     DELETING = "deleting"
+    PREEMPTED = "preempted"  # its members are being evicted for a higher-priority group: wait for the release
     INVALID_SPEC = "invalid-spec"
     NOT_ADMISSIBLE = "not-admissible"  # the webhook's member rules refuse the pod
     CONFLICTED = "conflicted"  # the group's devices are claimed twice
@@ -101,17 +103,24 @@ def verdict(
     conflicting_with: Collection[GroupKey],
     allocation: claims.Allocation | None,
     running_others: Callable[[], int],
+    preempted_by: str | None = None,
 ) -> Verdict:
     """May a pod with ``containers`` join group ``key`` now? The first rule that applies decides.
 
     ``conflicting_with``: the other groups that claim some of this group's devices; ``allocation``: what
     the ledger holds for the group; ``running_others``: how many other members run on its devices (only
-    asked when the group has a ``maxMembers``)."""
+    asked when the group has a ``maxMembers``); ``preempted_by``: who evicts the group's members (CONTRACT §8)
+    — a new member waits for the release instead of joining the node being emptied."""
     namespace, name = key
     if group is None:
         return Refuse(Rule.MISSING, f'SharedDeviceGroup "{name}" not found in namespace "{namespace}"')
     if group.deleting:
         return Refuse(Rule.DELETING, f'SharedDeviceGroup "{name}" is being deleted')
+    if preempted_by is not None and allocation is not None:
+        return Wait(
+            Rule.PREEMPTED, f'SharedDeviceGroup "{name}" is being preempted by {preempted_by}: '
+            "it is placed again once its members have left", PREEMPTED_RETRY_S,
+        )
     spec = group.spec
     if spec is None:
         return Refuse(Rule.INVALID_SPEC, f'SharedDeviceGroup "{name}" has an invalid spec: {group.spec_error}')

@@ -54,6 +54,7 @@ class DeviceLedger:
         self._used: dict[str, tuple[int, int]] = {}
         self._indexes = snapshots.Indexes()
         self._snapshot: LedgerSnapshot | None = None
+        self._linked: set[str] = set()  # nodes that report a device topology
         self._subscribers: list[Callable[[str, NodeState | None], None]] = []
 
     @property
@@ -68,6 +69,10 @@ class DeviceLedger:
             if self._info.get(node.name) == node:
                 return
             self._info[node.name] = node
+            if node.topology:
+                self._linked.add(node.name)
+            else:
+                self._linked.discard(node.name)
             self._refresh(node.name)
             self._revision += 1
 
@@ -76,6 +81,7 @@ class DeviceLedger:
         with self._lock:
             if self._info.pop(name, None) is None:
                 return
+            self._linked.discard(name)
             self._refresh(name)
             self._revision += 1
 
@@ -304,6 +310,7 @@ class DeviceLedger:
                     nodes=NodeStates(tuple(self._shards)),
                     index=self._indexes.free_copy(),
                     parts=self._indexes.parts_copy(),
+                    linked_nodes=len(self._linked),
                 )
                 self._snapshot = snap
                 self._shared = [True] * _SHARDS

@@ -25,11 +25,12 @@ from dataclasses import dataclass, field
 from typing import Protocol, cast, runtime_checkable
 
 from deviceshare.api import models
-from deviceshare.core import capacity, devicechoice, filters, inventory, reasons, shareplacement
+from deviceshare.core import capacity, devicechoice, filters, inventory, linkscore, reasons, shareplacement
 from deviceshare.core import ledger as ledgers  # the parameter `ledger` is the DeviceLedger
 
 BINPACK = "binpack"
 SPREAD = "spread"
+NVIDIA_PREFIX = "nvidia.com/"  # MPS enforces shares of these devices (needs_mps)
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,16 +40,29 @@ class GroupRequest:
     node_selector: Mapping[str, str]
     strategy: str = BINPACK  # binpack | spread
     share: Mapping[str, capacity.Share] = field(default_factory=dict)  # resource -> share; absent: whole
+    mps: bool = False  # only nodes with an MPS control daemon ready (CONTRACT §9) may take it
 
     @classmethod
-    def from_spec(cls, key: inventory.GroupKey, spec: models.GroupSpec) -> GroupRequest:
+    def from_spec(cls, key: inventory.GroupKey, spec: models.GroupSpec, *, mps: bool = False) -> GroupRequest:
+        """``mps``: the operator enforces shares with MPS (``--mps``), so a compute or memory share of an
+        NVIDIA device goes only to a node that says ``deviceshare.io/mps: ready``."""
+        share = capacity.shares_from_spec(spec.share)
         return cls(
             key=key,
             resources=dict(spec.resources),
             node_selector=dict(spec.node_selector),
             strategy=spec.scheduling_strategy,
-            share=capacity.shares_from_spec(spec.share),
+            share=share,
+            mps=mps and needs_mps(share),
         )
+
+
+def needs_mps(share: Mapping[str, capacity.Share]) -> bool:
+    """A compute or memory share of an NVIDIA device: what an MPS control daemon enforces (tiles need none)."""
+    return any(
+        (s.compute_milli or s.memory_bytes) and r.startswith(NVIDIA_PREFIX) for r, s in share.items()
+    )
+
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +123,8 @@ def _failure(
         return filters.first_failure(
             state.info, state.free, state.cpu_used, state.memory_used,
             request.resources, request.node_selector, pod,
-            devices_check=lambda: shareplacement.devices_failure(state, request.resources, request.share),
+            devices_check=lambda: (reasons.NO_MPS if request.mps and not state.info.mps_ready else None)
+            or shareplacement.devices_failure(state, request.resources, request.share),
         )
     return filters.first_failure(
         state.info, state.free, state.cpu_used, state.memory_used,
@@ -123,11 +138,18 @@ def _fits(state: ledgers.NodeState, request: GroupRequest, pod: inventory.PodDem
         whole = {r: n for r, n in request.resources.items() if r not in request.share}
         return filters.passes(
             state.info, state.free, state.cpu_used, state.memory_used, whole, request.node_selector, pod
-        ) and shareplacement.devices_failure(state, request.resources, request.share) is None
+        ) and (not request.mps or state.info.mps_ready) and (
+            shareplacement.devices_failure(state, request.resources, request.share) is None
+        )
     return filters.passes(
         state.info, state.free, state.cpu_used, state.memory_used,
         request.resources, request.node_selector, pod,
     )
+
+
+# Read-only, for the phases built on placement (gang start, preemption): the same filters it walks with.
+node_failure = _failure  # why a group (first pod ``pod``) cannot go to a node; None if it can
+fits = _fits  # node_failure(...) is None, cheapest checks first
 
 
 def device_choice(state: ledgers.NodeState, request: GroupRequest, revision: int) -> Placement:
@@ -137,7 +159,9 @@ def device_choice(state: ledgers.NodeState, request: GroupRequest, revision: int
     for resource, need in sorted(request.resources.items()):
         share = request.share.get(resource)
         if share is None:
-            devices[resource] = choose_devices(state.info.devices.get(resource, ()), state.free[resource], need)
+            devices[resource] = choose_devices(
+                state.info.devices.get(resource, ()), state.free[resource], need, state.info.topology.get(resource)
+            )
             continue
         devices[resource], chosen = shareplacement.choose(state, resource, need, share, request.strategy == SPREAD)
         if chosen:
@@ -179,30 +203,44 @@ def place_on(
     if len(request.resources) == 1:
         ((resource, need),) = request.resources.items()
         cpu, memory = pod.cpu_milli, pod.memory_bytes
-        for state in snapshot.candidate_states(resource, need, descending):
+        walk = snapshot.candidate_states(resource, need, descending)
+        for state in walk:
             # Inline the commonest rejection on a busy cluster (out of cpu/memory): no calls.
             info = state.info
             if cpu > info.cpu_milli - state.cpu_used or memory > info.memory_bytes - state.memory_used:
                 continue
             if _fits(state, request, pod):
+                if need >= 2 and snapshot.linked_nodes:  # equal scores: the better-linked node (linkscore)
+                    state = linkscore.prefer(
+                        state, walk, lambda s: len(s.free[resource]),
+                        lambda s: _fits(s, request, pod), request.resources,
+                    )
                 return _placement(state, request, snapshot.revision)
         return explain(snapshot, request, pod)
     if not request.resources:
         return explain(snapshot, request, pod)
     # Several resources: the index of the scarcest one bounds the candidates; score them all.
     resource = min(request.resources, key=lambda r: (snapshot.candidate_count(r, request.resources[r]), r))
-    best: ledgers.NodeState | None = None
-    best_key: tuple[int, str] = (0, "")
-    for name in snapshot.candidates(resource, request.resources[resource]):
-        state = nodes[name]
-        if not _fits(state, request, pod):
-            continue
-        key = (-_slack(state, request) if descending else _slack(state, request), name)
-        if best is None or key < best_key:
-            best, best_key = state, key
-    if best is None:
+    fitting = [
+        (-_slack(state, request) if descending else _slack(state, request), name, state)
+        for name in snapshot.candidates(resource, request.resources[resource])
+        if _fits(state := nodes[name], request, pod)
+    ]
+    if not fitting:
         return explain(snapshot, request, pod)
-    return _placement(best, request, snapshot.revision)
+    return _placement(_best_scored(snapshot, request, fitting), request, snapshot.revision)
+
+
+def _best_scored(
+    snapshot: ledgers.LedgerSnapshot, request: GroupRequest, fitting: list[tuple[int, str, ledgers.NodeState]]
+) -> ledgers.NodeState:
+    """The fitting node of the best score, name first; or, where links can tell (linkscore), the best-linked
+    among the first of that score."""
+    score, _, best = min(fitting, key=lambda f: f[:2])
+    if request.share or not linkscore.applies(snapshot, request.resources):
+        return best
+    tied = sorted((f for f in fitting if f[0] == score), key=lambda f: f[1])
+    return linkscore.best_of((s for _, _, s in tied), request.resources)
 
 
 def place_by_policy(
@@ -224,8 +262,8 @@ def place_linear(
     descending = request.strategy == SPREAD
     counted: collections.Counter[str] = collections.Counter()
     best: ledgers.NodeState | None = None
-    best_key: tuple[int, str] = (0, "")
     best_share_key: tuple[int, int, str] = (0, 0, "")
+    fitting: list[tuple[int, str, ledgers.NodeState]] = []
     for name, state in snapshot.nodes.items():
         failure = _failure(state, request, pod)
         if failure is not None:
@@ -237,9 +275,9 @@ def place_linear(
                 best, best_share_key = state, share_key
             continue
         slack = _slack(state, request)
-        key = (-slack if descending else slack, name)
-        if best is None or key < best_key:
-            best, best_key = state, key
+        fitting.append((-slack if descending else slack, name, state))
+    if fitting:
+        best = _best_scored(snapshot, request, fitting)
     if best is None:
         return Unschedulable(dict(counted), len(snapshot.nodes))
     return _placement(best, request, snapshot.revision)

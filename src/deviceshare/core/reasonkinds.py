@@ -32,6 +32,7 @@ KINDS: Final = (DEVICES, DEVICE_MEMORY, COMPUTE, TILES, CPU, MEMORY, SELECTOR, T
 QUOTA_MARK: Final = "over its device budget"  # in the operator's quota refusal (operator/quotas.py)
 _COUNTED = re.compile(r"^0/\d+ nodes are available: (.*?)\.?$")
 _GANG = re.compile(r"^\d+/\d+ member pods exist")
+_GANG_WIDE = re.compile(r"^gang of \d+ member pods: ")  # gang.describe: no node fits the whole gang
 _FIXED: Final = {
     reasons.INSUFFICIENT_CPU: CPU,
     reasons.INSUFFICIENT_MEMORY: MEMORY,
@@ -72,6 +73,8 @@ def kind_of(message: str) -> str:
         return QUOTA
     if _GANG.match(message):
         return GANG_WAITING
+    # The counts come first; what follows them (". preemption: ...", "Preempting ...") is another sentence.
+    message = _GANG_WIDE.sub("", message).split(". ", 1)[0]
     counted = _COUNTED.match(message)
     if counted is None:
         return OTHER

@@ -17,6 +17,8 @@ GROUP_SELECTOR: Final = "node(s) didn't match group nodeSelector"
 INVALID_INVENTORY: Final = "node(s) had invalid device inventory"
 NODE_NOT_FOUND: Final = "node(s) were not found"
 NO_NODES: Final = "no nodes in the cluster"
+# A compute/memory share with the operator's --mps: the node has no MPS control daemon ready (CONTRACT §9).
+NO_MPS: Final = "node(s) had no MPS control daemon ready"
 
 
 def untolerated_taint(key: str, value: str) -> str:

@@ -98,14 +98,15 @@ def choose(
         partial.reverse()
     free = state.free.get(resource, ()) if _fresh_fits(share, memory_cap, tiles_cap) else ()
     offered = state.info.devices.get(resource, ())
+    links = state.info.topology.get(resource)
     picked: list[capacity.DeviceLeft] = []
     if descending:
-        fresh = devicechoice.choose_devices(offered, free, min(count, len(free)))
+        fresh = devicechoice.choose_devices(offered, free, min(count, len(free)), links)
         picked = [capacity.fresh(d, memory_cap, tiles_cap, share.kind) for d in fresh]
         picked += partial[: count - len(picked)]
     else:
         picked = partial[:count]
-        fresh = devicechoice.choose_devices(offered, free, count - len(picked))
+        fresh = devicechoice.choose_devices(offered, free, count - len(picked), links)
         picked += [capacity.fresh(d, memory_cap, tiles_cap, share.kind) for d in fresh]
     devices = tuple(left.device for left in picked)
     if not share.tiles:

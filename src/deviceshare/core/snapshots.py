@@ -67,6 +67,7 @@ class LedgerSnapshot:
     # resource -> free device count -> names of open nodes with that many free, sorted
     index: Mapping[str, Mapping[int, tuple[str, ...]]]
     parts: Mapping[PartKey, Mapping[int, tuple[Entry, ...]]] = field(default_factory=dict)
+    linked_nodes: int = 0  # nodes that report how their devices are linked (CONTRACT §9; see linkscore)
     _counts: dict[Any, tuple[int, ...]] = field(default_factory=dict, repr=False, compare=False)
 
     def candidates(self, resource: str, need: int, descending: bool = False) -> Iterator[str]:

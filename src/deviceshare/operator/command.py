@@ -52,6 +52,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="time between tries to acquire or renew the Lease (default: %(default)g)",
     )
     parser.add_argument("--workers", type=int, default=32, help="pods in their API-write phase at once")
+    parser.add_argument(
+        "--mps", action="store_true",
+        help="shares are enforced by NVIDIA MPS: place compute/memory shares of nvidia.com/ devices only on nodes "
+        "annotated deviceshare.io/mps=ready (the node agent publishes it while the MPS overlay's daemon runs)",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
 
 
@@ -70,6 +75,7 @@ def config_from_args(args: argparse.Namespace) -> OperatorConfig:
         renew_deadline=args.leader_elect_renew_deadline,
         retry_period=args.leader_elect_retry_period,
         workers=args.workers,
+        mps=args.mps,
     )
 
 

@@ -46,6 +46,8 @@ class OperatorConfig:
     # A newly elected replica waits this long before rebuilding, so writes the previous leader had
     # already sent have landed and show in the API.
     election_settle: float = 2.0
+    # A preemptor's nomination keeps the room being freed for it this long at most (CONTRACT §8: 60 s).
+    nomination_ttl: float = 60.0
     # Kopf keeps a per-object worker this long after its last event (and waits for them when stopping).
     worker_idle_timeout: float = 5.0
     # Start-up: while the API does not answer, tries are spaced by a doubling delay capped here, so the
@@ -54,6 +56,9 @@ class OperatorConfig:
     startup_backoff_max: float = 10.0
     metrics_host: str = "0.0.0.0"
     metrics_port: int | None = 8080
+    # Shares are enforced by MPS (--mps): a compute or memory share of an NVIDIA device goes only to a node
+    # that says deviceshare.io/mps: ready (CONTRACT §9; the node agent publishes it).
+    mps: bool = False
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> OperatorConfig:

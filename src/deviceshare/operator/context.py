@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Final
 
-from deviceshare.core import fgdplacement
+from deviceshare.core import fgdplacement, nominations
 from deviceshare.core import ledger as ledgers
 
 from . import events as events_
@@ -92,6 +92,10 @@ class Context:
         self.conflicts: Final[dict[state_.GroupKey, set[state_.GroupKey]]] = {}
         # Placements whose status write's answer was lost: resolved before anything else about the group.
         self.unsettled: Final = settling.Unsettled()
+        # Preemption (CONTRACT §8): the room kept for each preemptor (an immutable value, replaced on change) and
+        # the victims whose members are being evicted (released by the reconciler once they are gone).
+        self.nominations: nominations.Nominations = nominations.NONE
+        self.preempted: Final[dict[state_.GroupKey, nominations.Victim]] = {}
         self.background: Final[set[asyncio.Task[None]]] = set()
         self._events: collections.deque[tuple[state_.PodRecord | state_.GroupRecord, str, str, bool]] = (
             collections.deque()
@@ -133,6 +137,8 @@ class Context:
         self.conflicts.update(conflicts)
         self.unschedulable.clear()
         self.unsettled.clear()
+        self.nominations = nominations.NONE  # a new term decides again from what the API shows
+        self.preempted.clear()
 
     def event(
         self, obj: state_.PodRecord | state_.GroupRecord, reason: str, message: str, *, warning: bool = False

@@ -74,6 +74,8 @@ class FleetCollector(Collector):
     """Leader, groups per phase, unschedulable groups per reason kind, fragmentation per resource."""
 
     def __init__(self) -> None:
+        # Groups holding a device their node reports unhealthy, as the reconciler last found (CONTRACT §9).
+        self.on_unhealthy: set[GroupKey] = set()
         self.source: FleetSource | None = None
         self.leading: Callable[[], bool] | None = None  # None: no election here (a bare context in a test)
         self._fragmentation = fleetfragmentation.FleetFragmentation()
@@ -106,6 +108,11 @@ class FleetCollector(Collector):
         )
         contested.add_metric([], float(len(source.conflicts)))
         yield contested
+        ill = GaugeMetricFamily(
+            "deviceshare_groups_on_unhealthy_devices", "Groups holding a device their node reports unhealthy"
+        )
+        ill.add_metric([], float(len(self.on_unhealthy)))
+        yield ill
         waiting = source.unschedulable.counts
         by_kind: dict[str, int] = {}
         largest: dict[str, int] = {}

@@ -87,8 +87,8 @@ class Intake:
         if old == node:
             return  # a heartbeat: nothing placement cares about changed
         ledger.upsert_node(node)
-        if old is None or old.ready != node.ready:
-            self._groups.request_node(name)
+        if old is None or old.ready != node.ready or old.unhealthy != node.unhealthy:
+            self._groups.request_node(name)  # lost or back, or devices fell ill: DeviceUnhealthy (CONTRACT §9)
         self._pods.move_parked()
 
     def on_group(self, event_type: str | None, body: Mapping[str, Any]) -> None:

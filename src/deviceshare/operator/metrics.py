@@ -47,6 +47,17 @@ class Metrics:
             "and the object read back told the outcome), failed, fenced (not sent: this replica is not the leader)",
             ["verb", "resource", "result"], registry=r,
         )
+        self.preemptions = Counter(
+            "deviceshare_preemptions",
+            "Preemptions carried out, by result: evicted (every victim pod evicted), refused (a "
+            "PodDisruptionBudget refused one), failed (an eviction's outcome is unknown)", ["result"], registry=r,
+        )
+        self.preemption_victims = Counter(
+            "deviceshare_preemption_victims", "Groups chosen as victims of a preemption", registry=r
+        )
+        self.nominations = Gauge(
+            "deviceshare_nominations", "Preemptors with room kept for them while their victims leave", registry=r
+        )
         self.api_retries = Counter(
             "deviceshare_api_retries", "Writes retried after a transient API error", registry=r
         )
@@ -88,8 +99,16 @@ class Metrics:
         )
         self.fleet = fleetmetrics.FleetCollector()
         r.register(self.fleet)
+
         # Per node and resource: rendered as text per changed node, outside the registry (see nodemetrics).
         self.nodes = nodemetrics.NodeGauges(active=lambda: self.fleet.leading is None or self.fleet.leading())
+
+    def group_on_unhealthy(self, group: tuple[str, str], holds: bool) -> None:
+        """Whether ``group`` holds a device its node reports unhealthy (the reconciler says, group by group)."""
+        if holds:
+            self.fleet.on_unhealthy.add(group)
+        else:
+            self.fleet.on_unhealthy.discard(group)
 
     def api_write(self, verb: str, resource: str, result: str) -> None:
         self.api_writes.labels(verb, resource, result).inc()

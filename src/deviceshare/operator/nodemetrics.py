@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from deviceshare.core.inventory import NodeInfo
     from deviceshare.core.ledger import DeviceLedger, NodeState
 
-FREE, ALLOCATED, COMPUTE, MEMORY, MEMORY_CAP, TILES = range(6)
+FREE, ALLOCATED, COMPUTE, MEMORY, MEMORY_CAP, TILES, UNHEALTHY = range(7)
 FAMILIES = (  # (name, help), in the order above
     ("deviceshare_devices_free", "Devices no group holds"),
     ("deviceshare_devices_allocated", "Devices held by a group"),
@@ -35,6 +35,7 @@ FAMILIES = (  # (name, help), in the order above
      "Device memory given out (whole-held devices count their declared memory)"),
     ("deviceshare_device_memory_bytes", "Device memory the node declares, over its devices"),
     ("deviceshare_tiles_allocated", "Device tiles held by groups"),
+    ("deviceshare_devices_unhealthy", "Devices the node reports unhealthy (deviceshare.io/device-health)"),
 )  # fmt: skip
 _number: Callable[[float], str] = floatToGoString  # prometheus-client's own number format ("8.0", "+Inf")
 _HEADERS = tuple(f"# HELP {name} {doc}\n# TYPE {name} gauge\n" for name, doc in FAMILIES)
@@ -88,7 +89,13 @@ class NodeGauges:
             labels = f'{{node="{_label(node.name)}",resource="{_label(resource)}"}} '
             n_free = len(ledger.free_devices(node.name, resource))
             milli, mem, n_tiles = given_out(ledger, node, resource, ids)
-            values: list[tuple[int, float]] = [(FREE, n_free), (ALLOCATED, len(ids) - n_free), (COMPUTE, milli / 1000)]
+            # An unhealthy device nobody holds is neither free nor allocated (CONTRACT §9).
+            sick = [d for d in ids if d in node.unhealthy.get(resource, ())]
+            idle_sick = sum(1 for d in sick if ledger.holder(node.name, resource, d) is None)
+            values: list[tuple[int, float]] = [
+                (FREE, n_free), (ALLOCATED, len(ids) - n_free - idle_sick), (COMPUTE, milli / 1000),
+                (UNHEALTHY, len(sick)),
+            ]
             per_device = node.device_memory.get(resource)
             if per_device is not None:
                 values += [(MEMORY, mem), (MEMORY_CAP, per_device * len(ids))]

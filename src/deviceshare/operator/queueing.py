@@ -1,9 +1,11 @@
 """The operator's two work queues: pods waiting for a decision, and groups waiting for a status reconcile.
 
 :class:`SchedulingQueue` is modelled on kube-scheduler's queue. Active pods are handed to workers once each
-(no duplicates). A pod that could not be placed is parked with a per-pod exponential backoff; a cluster change
-that could help (a node added or changed, a group released, a pod gone) moves every parked pod back once its
-backoff has passed, and a slow periodic flush catches anything no event announced. Nothing polls.
+(no duplicates), in the queue-sort order (kube-scheduler's PrioritySort: the higher group priority first, then
+the earlier pod, :func:`deviceshare.core.priority.queue_key`). A pod that could not be placed is parked with a
+per-pod exponential backoff; a cluster change that could help (a node added or changed, a group released, a pod
+gone) moves every parked pod back once its backoff has passed, and a slow periodic flush catches anything no
+event announced. Nothing polls.
 
 :class:`ReconcileQueue` is a due set rather than a FIFO: a group asked for ten times in a burst of member
 changes is reconciled once, after a short debounce; a group that must be looked at again later (a release
@@ -13,9 +15,10 @@ waiting on a member, a failed write backing off) is asked for by a timer.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import Callable, Hashable, Iterable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from deviceshare.core import claims
 
@@ -30,10 +33,13 @@ class SchedulingQueue(Generic[K]):
         backoff_initial: float = 1.0,
         backoff_max: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
+        order: Callable[[K], Any] | None = None,
     ) -> None:
         self._backoff_initial = backoff_initial
         self._backoff_max = backoff_max
         self._clock = clock
+        self._order = order  # a key's place when it becomes due (smallest first); None: first come first served
+        self._seq = itertools.count()
         self._timers: dict[K, asyncio.TimerHandle] = {}
         self.clear()
 
@@ -42,7 +48,7 @@ class SchedulingQueue(Generic[K]):
         for timer in self._timers.values():
             timer.cancel()
         self._timers.clear()
-        self._active: asyncio.Queue[K] = asyncio.Queue()
+        self._active: asyncio.PriorityQueue[tuple[Any, int, K]] = asyncio.PriorityQueue()
         self._queued: set[K] = set()
         self._in_flight: set[K] = set()
         self._dirty: set[K] = set()  # re-added while in flight: run once more when it finishes
@@ -65,7 +71,7 @@ class SchedulingQueue(Generic[K]):
             return
         self._unpark(key)
         self._queued.add(key)
-        self._active.put_nowait(key)
+        self._active.put_nowait((() if self._order is None else self._order(key), next(self._seq), key))
 
     def forget(self, key: K) -> None:
         """The pod is bound or gone: drop its backoff history."""
@@ -75,7 +81,7 @@ class SchedulingQueue(Generic[K]):
 
     async def get(self) -> K:
         while True:
-            key = await self._active.get()
+            _, _, key = await self._active.get()
             if key in self._queued:  # skip entries dropped by forget()
                 self._queued.discard(key)
                 self._in_flight.add(key)

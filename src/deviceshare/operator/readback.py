@@ -100,3 +100,12 @@ def pod_annotations(pod: Mapping[str, Any] | None, *, uid: str, written: Mapping
     if all(carried.get(k) == v for k, v in written.items()):
         return Seen.LANDED
     return Seen.NOT_YET
+
+
+def eviction(pod: Mapping[str, Any] | None, *, uid: str) -> Seen:
+    """An eviction of pod ``uid``: it landed once the pod is gone or being deleted (the Eviction API deletes
+    gracefully); still running as it was: NOT_YET (an eviction is idempotent: asking again is safe)."""
+    meta = _meta(pod)
+    if pod is None or meta.get("uid") != uid or meta.get("deletionTimestamp"):
+        return Seen.LANDED
+    return Seen.NOT_YET

@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 from deviceshare.api import names
 from deviceshare.core import ledger as ledgers
+from deviceshare.core import nominations
 
 from . import state as state_
 from . import statuses, storage
@@ -89,11 +90,16 @@ class GroupReconciler:
         else:
             self._waiting_since.pop(gkey, None)
 
+        if group is None or group.deleting:  # a preemption for it, or of it, ends here
+            ctx.nominations = ctx.nominations.clear(gkey)
+            ctx.preempted.pop(gkey, None)
+
         if group is None:
             self._new_groups.pop(gkey, None)
             # Gone from the API (its finalizer removed by someone else): still never free devices under a pod.
             if allocation is not None and not on_devices:
                 ctx.ledger.release(gkey)
+                ctx.metrics.group_on_unhealthy(gkey, False)
                 self._forget_conflicts(gkey)
                 return True
             if allocation is not None:
@@ -111,6 +117,7 @@ class GroupReconciler:
             if names.GROUP_FINALIZER in group.finalizers:
                 await self._set_finalizers(group, [f for f in group.finalizers if f != names.GROUP_FINALIZER])
             released = ctx.ledger.release(gkey) is not None
+            ctx.metrics.group_on_unhealthy(gkey, False)
             self._forget_conflicts(gkey)
             if released:
                 ctx.event(group, "Released", "devices returned; no member pod runs on them any more")
@@ -119,6 +126,10 @@ class GroupReconciler:
 
         if names.GROUP_FINALIZER not in group.finalizers:
             group = await self._set_finalizers(group, [*group.finalizers, names.GROUP_FINALIZER])
+
+        victim = self._victim(gkey, allocation, bool(on_devices))
+        if victim is not None and not on_devices:
+            return await self._release_preempted(group, victim)
 
         node_lost: str | None = None
         if allocation is not None:
@@ -166,12 +177,38 @@ class GroupReconciler:
             self._request_later(gkey, recheck)
         return still
 
+    def _victim(
+        self, gkey: state_.GroupKey, allocation: ledgers.Allocation | None, running: bool
+    ) -> nominations.Victim | None:
+        """The preemption whose victim the group is, while it applies: its devices on that node, and members
+        either gone or still being evicted (past ``expires`` those a PodDisruptionBudget kept are left alone)."""
+        victim = self.ctx.preempted.get(gkey)
+        if victim is None:
+            return None
+        if allocation is None or allocation.node != victim.node or (running and victim.expires <= time.monotonic()):
+            del self.ctx.preempted[gkey]
+            return None
+        return victim
+
+    async def _release_preempted(self, group: state_.GroupRecord, victim: nominations.Victim) -> bool:
+        """Every member evicted: Pending again, status first (conditional) then the ledger; the preemptor's
+        nomination keeps the room for it."""
+        why = f"preempted by {names.key_text(victim.by)} (priority {victim.priority}) on {victim.node}"
+        self.ctx.state.keep(await self.ctx.api.patch_group_status(
+            group.key, statuses.preempted(group, why), uid=group.uid, resource_version=group.resource_version
+        ))
+        self.ctx.ledger.release(group.key)
+        del self.ctx.preempted[group.key]
+        self._forget_conflicts(group.key)
+        return True
+
     async def _release_lost(self, group: state_.GroupRecord, why: str) -> bool:
         """The node is gone or NotReady and nothing runs there: Pending again, status first then ledger."""
         self.ctx.state.keep(await self.ctx.api.patch_group_status(
             group.key, statuses.node_lost(group, why), uid=group.uid, resource_version=group.resource_version
         ))
         self.ctx.ledger.release(group.key)
+        self.ctx.metrics.group_on_unhealthy(group.key, False)
         self.ctx.event(group, "NodeLost", f"{why}; devices released, the group will be placed again", warning=True)
         return True
 
@@ -247,12 +284,24 @@ class GroupReconciler:
                 return
         self._new_groups.pop(gkey, None)
         skipped_why = skipped_message(skipped, ctx.config.scheduler_name) if skipped else None
+        kept = ctx.nominations.live(time.monotonic())
+        if kept is not ctx.nominations:  # expired ones go
+            ctx.nominations = kept
+            ctx.metrics.nominations.set(len(kept))
+        nomination = kept.by_group.get(gkey)
+        nominated = None if nomination is None else nomination.node
+        unhealthy = statuses.unhealthy_held(allocation, ctx.ledger.node(allocation.node) if allocation else None)
+        ctx.metrics.group_on_unhealthy(gkey, unhealthy is not None)
         desired = statuses.reconciled(
-            group, allocation, phase=phase,
-            scheduled=statuses.scheduled(allocation, unschedulable=ctx.unschedulable.get(gkey), skipped=skipped_why),
+            group, allocation, phase=phase, nominated=nominated,
+            scheduled=statuses.scheduled(
+                allocation, unschedulable=ctx.unschedulable.get(gkey), skipped=skipped_why, nominated=nominated,
+                shown=group.status,
+            ),
             node_lost=node_lost, conflicting_with=ctx.conflicts.get(gkey, ()),
             # Not a pod the pre-bind member check refuses: its annotation names the group, but it is no member.
             members=statuses.member_names(ctx.state, group, ctx.config.env_names),
+            unhealthy=unhealthy,
         )
         current = group.status
         if statuses.unchanged(current, desired):
@@ -260,6 +309,9 @@ class GroupReconciler:
         if node_lost and not any(c.type == names.CONDITION_NODE_LOST for c in current.conditions):
             ctx.event(group, "NodeLost", f"{node_lost}; devices stay held while a member still runs there",
                       warning=True)
+        if unhealthy and not any(c.type == names.CONDITION_DEVICE_UNHEALTHY and c.message.startswith(unhealthy)
+                                 for c in current.conditions):
+            ctx.event(group, "DeviceUnhealthy", f"{unhealthy}; its pods keep running (not evicted)", warning=True)
         try:
             written = await ctx.api.patch_group_status(
                 gkey, desired, uid=group.uid, resource_version=group.resource_version

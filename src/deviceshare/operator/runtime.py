@@ -25,6 +25,7 @@ from collections.abc import Iterator
 
 from deviceshare.core import fgdplacement, inventory
 from deviceshare.core import ledger as ledgers
+from deviceshare.core import priority as priority_
 
 from . import leadership as leadership_
 from . import rebuild as rebuild_
@@ -44,7 +45,7 @@ class Runtime:
         self.ctx = ctx
         self.scheduler = PodScheduler(ctx)
         self.queue: SchedulingQueue[state_.PodKey] = SchedulingQueue(
-            backoff_initial=ctx.config.backoff_initial, backoff_max=ctx.config.backoff_max
+            backoff_initial=ctx.config.backoff_initial, backoff_max=ctx.config.backoff_max, order=self._queue_key
         )
         self.reconciles = ReconcileQueue(
             debounce=ctx.config.status_debounce, allocations=lambda: ctx.ledger.allocations()
@@ -195,6 +196,8 @@ class Runtime:
         outcome = await self.scheduler.schedule(key)
         self.ctx.metrics.placements.labels(outcome.result.value).inc()
         pod = self.ctx.state.pods.get(key)
+        for other in outcome.also_bound:  # a gang's other members, bound in the same cycle
+            self.queue.forget(other)
         if outcome.result is Result.BOUND:
             self.queue.forget(key)
             if pod is not None and pod.group_key is not None:
@@ -213,6 +216,14 @@ class Runtime:
             self.queue.back_off(key)
             if pod is not None:
                 await self._report_unschedulable(pod, outcome.message, reason="SchedulerError")
+
+    def _queue_key(self, key: state_.PodKey) -> tuple[int, str, state_.PodKey]:
+        """Queue sort (kube-scheduler's PrioritySort): the pod's group priority, then its age."""
+        pod = self.ctx.state.pods.get(key)
+        if pod is None:
+            return priority_.queue_key(0, "", key)
+        gkey = pod.group_key
+        return priority_.queue_key(self.ctx.state.priority(gkey) if gkey else 0, pod.created, key)
 
     async def _report_unschedulable(
         self, pod: state_.PodRecord, message: str, *, reason: str = "Unschedulable"

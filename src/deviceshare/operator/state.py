@@ -18,6 +18,7 @@ import pydantic
 from deviceshare.api import models, names
 from deviceshare.core import inventory
 from deviceshare.core import members as member_rules
+from deviceshare.core import priority as priority_
 
 from . import tallies
 
@@ -44,6 +45,9 @@ class PodRecord:
     # What the member rules read of its containers (the same ones the webhook applies at CREATE).
     containers: tuple[member_rules.ContainerFacts, ...] = ()
     group_valid: bool = False  # ``group`` is a well-formed group name (never used in a path otherwise)
+    # spec.priority and spec.preemptionPolicy, as the API server's Priority admission set them (CONTRACT §8).
+    priority: priority_.PodPriority = priority_.UNSET
+    created: str = ""  # metadata.creationTimestamp: the queue's and a gang's order of arrival
     # The group we bound it into, by our own records (set by ClusterState, never read from the pod).
     member_of: str | None = None
 
@@ -114,6 +118,8 @@ def pod_record(body: Mapping[str, Any]) -> PodRecord:
         ),
         containers=member_rules.container_facts(spec) if type(spec) is dict or isinstance(spec, Mapping) else (),
         group_valid=group is not None and member_rules.group_name_problem(group) is None,
+        priority=priority_.of_pod(body),
+        created=str(meta.get("creationTimestamp") or ""),
     )
 
 
@@ -316,6 +322,11 @@ class ClusterState:
     def live_members(self, group: GroupKey) -> list[PodRecord]:
         """Member pods not yet finished (pending ones included)."""
         return [p for p in self.members(group) if not p.terminated]
+
+    def priority(self, group: GroupKey) -> int:
+        """The group's priority: the highest ``spec.priority`` among its live member pods, 0 when none carries
+        one (CONTRACT §8)."""
+        return priority_.group_priority(p.priority for p in self.members(group) if not p.terminated)
 
     def members_on_devices(self, group: GroupKey) -> list[PodRecord]:
         return [p for p in self.members(group) if p.on_devices]

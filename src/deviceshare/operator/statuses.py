@@ -13,7 +13,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple, TypedDict
 
 from deviceshare.api import envnames, models, names, podannotations
-from deviceshare.core import inventory
+from deviceshare.core import gang, inventory, reasonkinds
 from deviceshare.core import ledger as ledgers
 from deviceshare.core import members as member_rules
 
@@ -136,6 +136,7 @@ class StatusPatch(TypedDict, total=False):
     memberCount: int
     observedGeneration: int
     conditions: list[dict[str, Any]]
+    nominatedNodeName: str | None
 
 
 class Scheduled(NamedTuple):
@@ -154,17 +155,31 @@ def member_names(cluster: state_.ClusterState, group: state_.GroupRecord, env_na
     return [p.name for p in listed_members(cluster.live_members(group.key), group.spec, env_names)]
 
 
+# What happened to a group that holds nothing now: shown until something newer is known of it.
+_TOLD_UNTIL_PLACED = ("Preempted", "NodeLost")
+
+
 def scheduled(
-    allocation: ledgers.Allocation | None, *, unschedulable: str | None = None, skipped: str | None = None
+    allocation: ledgers.Allocation | None, *, unschedulable: str | None = None, skipped: str | None = None,
+    nominated: str | None = None, shown: models.GroupStatus | None = None,
 ) -> Scheduled:
-    """Held devices say Bound; otherwise the last reason it could not be placed, or pods the webhook
-    never saw (``skipped``), or that it waits for its first pod."""
+    """Held devices say Bound; otherwise that a preemption makes room for it on ``nominated``, or the last
+    reason it could not be placed (a gang short of members says ``WaitingForMembers``), or pods the webhook
+    never saw (``skipped``), or what happened to it last (``shown``: it was preempted, its node was lost), or
+    that it waits for its first pod."""
     if allocation is not None:
         return Scheduled("True", "Bound", f"placed on node {allocation.node} with {describe_allocation(allocation)}")
+    if nominated is not None:
+        return Scheduled("False", "Preempting", unschedulable or f"room is being made on node {nominated}")
     if unschedulable is not None:
+        if reasonkinds.kind_of(unschedulable) == reasonkinds.GANG_WAITING:
+            return Scheduled("False", gang.WAITING_FOR_MEMBERS, unschedulable)
         return Scheduled("False", "Unschedulable", unschedulable)
     if skipped is not None:
         return Scheduled("False", "PodsSkippedWebhook", skipped)
+    last = next((c for c in shown.conditions if c.type == names.CONDITION_SCHEDULED), None) if shown else None
+    if last is not None and last.reason in _TOLD_UNTIL_PLACED:
+        return Scheduled(last.status, last.reason, last.message)
     return Scheduled("False", "WaitingForMembers",
                      "no member pod is waiting; the group is placed when its first pod is scheduled")
 
@@ -181,6 +196,32 @@ def bound(group: state_.GroupRecord, allocation: ledgers.Allocation, members: li
         "observedGeneration": group.generation,
         "conditions": condition(
             wire_conditions(group.status.conditions), names.CONDITION_SCHEDULED, *scheduled(allocation),
+            group.generation,
+        ),
+        "nominatedNodeName": None,
+    }
+
+
+def nominated(group: state_.GroupRecord, node: str, message: str) -> StatusPatch:
+    """A preemption makes room for the group on ``node`` (CONTRACT §8): nominated, still Pending."""
+    return {
+        "nominatedNodeName": node,
+        "conditions": condition(
+            wire_conditions(group.status.conditions), names.CONDITION_SCHEDULED, "False", "Preempting", message,
+            group.generation,
+        ),
+    }
+
+
+def preempted(group: state_.GroupRecord, why: str) -> StatusPatch:
+    """A victim whose members were evicted: devices released, Pending again (placed anew by its next pod)."""
+    return {
+        "phase": names.PHASE_PENDING,
+        "nodeName": None,
+        "allocatedDevices": None,
+        "allocatedTiles": None,
+        "conditions": condition(
+            wire_conditions(group.status.conditions), names.CONDITION_SCHEDULED, "False", "Preempted", why,
             group.generation,
         ),
     }
@@ -225,10 +266,13 @@ def reconciled(
     node_lost: str | None,
     conflicting_with: Collection[state_.GroupKey],
     members: list[str],
+    nominated: str | None = None,
+    unhealthy: str | None = None,
 ) -> StatusPatch:
     """The whole status as the ledger and the pods say it should be. ``phase`` overrides Bound/Pending
     (Releasing); ``node_lost``: why the node that holds the devices is lost while a member still runs
-    there; ``conflicting_with``: the other groups that claim some of its devices."""
+    there; ``conflicting_with``: the other groups that claim some of its devices; ``unhealthy``: the held
+    devices the node reports unhealthy (:func:`unhealthy_held`)."""
     gen = group.generation
     conds = condition(wire_conditions(group.status.conditions), names.CONDITION_SCHEDULED, *scheduled, gen)
     if node_lost:
@@ -246,6 +290,14 @@ def reconciled(
         )
     else:
         conds = without_condition(conds, names.CONDITION_CONFLICT)
+    if unhealthy:
+        conds = condition(
+            conds, names.CONDITION_DEVICE_UNHEALTHY, "True", "DeviceUnhealthy",
+            f"{unhealthy}; the group keeps its devices and deviceshare evicts none of its pods: delete and "
+            "recreate the group to be placed on healthy devices", gen,
+        )
+    else:
+        conds = without_condition(conds, names.CONDITION_DEVICE_UNHEALTHY)
     return {
         "phase": phase or (names.PHASE_BOUND if allocation is not None else names.PHASE_PENDING),
         "nodeName": allocation.node if allocation else None,
@@ -255,7 +307,21 @@ def reconciled(
         "memberCount": len(members),
         "observedGeneration": gen,
         "conditions": conds,
+        "nominatedNodeName": None if allocation is not None else nominated,
     }
+
+
+def unhealthy_held(allocation: ledgers.Allocation | None, node: inventory.NodeInfo | None) -> str | None:
+    """``node gpu-3 reports nvidia.com/gpu GPU-1 unhealthy``: the devices the group holds that its node reports
+    unhealthy (CONTRACT §9), or None."""
+    if allocation is None or node is None or not node.unhealthy:
+        return None
+    sick = [
+        f"{resource} {','.join(d for d in ids if d in node.unhealthy.get(resource, ()))}"
+        for resource, ids in sorted(allocation.devices.items())
+        if node.unhealthy.get(resource, frozenset()) & set(ids)
+    ]
+    return f"node {node.name} reports {'; '.join(sick)} unhealthy" if sick else None
 
 
 def unchanged(current: models.GroupStatus, desired: StatusPatch) -> bool:
@@ -268,6 +334,7 @@ def unchanged(current: models.GroupStatus, desired: StatusPatch) -> bool:
         and current.members == desired.get("members")
         and current.member_count == desired.get("memberCount")
         and current.observed_generation == desired.get("observedGeneration")
+        and current.nominated_node_name == desired.get("nominatedNodeName")
         and same_conditions(desired.get("conditions", []), wire_conditions(current.conditions))
     )
 

@@ -23,7 +23,7 @@ from typing import Any
 import aiohttp
 import jsonpatch
 
-from deviceshare.sandbox import catalog, cel, errors, identity, policies, selectors, store
+from deviceshare.sandbox import catalog, cel, errors, identity, policies, priority, selectors, store
 
 Endpoints = Mapping[tuple[str, str], str]  # (namespace, service name) -> "https://127.0.0.1:PORT"
 
@@ -111,7 +111,10 @@ class Admission:
         obj: dict[str, Any],
         user: identity.User = identity.ADMIN,
     ) -> dict[str, Any]:
-        """The object after every matching webhook mutated it; raises ApiError on denial/failure."""
+        """The object after the Priority plugin and every matching webhook mutated it; raises ApiError on
+        denial/failure."""
+        if rtype.key == ("", "pods"):
+            obj = priority.admit_pod(self.store, obj)
         for hook in self._webhooks():
             if not self._selected(hook, rtype, namespace, obj):
                 continue
@@ -140,7 +143,10 @@ class Admission:
         subresource: str = "",
         user: identity.User = identity.ADMIN,
     ) -> None:
-        """Validating admission of a write: policies, then validating webhooks; raises ApiError."""
+        """Validating admission of a write: the Priority plugin's PriorityClass rule, policies, then
+        validating webhooks; raises ApiError."""
+        if rtype.key == priority.KEY and operation in ("CREATE", "UPDATE") and obj is not None and not subresource:
+            priority.check_class(self.store, operation, obj)
         self.policies.check(rtype, namespace, operation, subresource, obj, old, user)
         for hook in self._webhooks("validatingwebhookconfigurations"):
             if not self._selected(hook, rtype, namespace, obj or old or {}, operation, subresource):

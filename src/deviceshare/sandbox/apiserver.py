@@ -4,7 +4,7 @@ kmock gives the server (aiohttp on a loopback port), request parsing and its rea
 reactions added with that DSL (``sandbox.api[...] << ...``) still take precedence, so tests can
 script odd answers. Everything else is routed here the way kube-apiserver routes it: discovery
 documents (``discovery``), CRUD on collections and objects through admission, ``status``,
-``binding`` and ``scale`` subresources, server-side dry run (``dryRun=All``: see ``dryrun``),
+``binding``, ``scale`` and ``eviction`` subresources, server-side dry run (``dryRun=All``: see ``dryrun``),
 server-side apply (``applying``; every write's owner recorded by ``managedfields``), and Table output.
 Reading a request is in ``parsing``; watch streams, with resourceVersion resume, bookmarks, 410 Gone
 and ``timeoutSeconds``, are in ``watching``.
@@ -28,6 +28,7 @@ from deviceshare.sandbox import (
     deployments,
     discovery,
     errors,
+    eviction,
     faults,
     identity,
     managedfields,
@@ -236,6 +237,10 @@ class ApiServer(kmock.KubernetesScaffold):
             body = parsing.decode(request) or {}
             await self.admission.validate(rtype, ns, "CREATE", body, subresource="binding", user=user)
             return self._bound(ns, target.name or "", body)
+        if method == "POST" and target.subresource == "eviction" and ns:
+            body = parsing.decode(request)
+            await self.admission.validate(rtype, ns, "CREATE", body, subresource="eviction", user=user)
+            return _json(eviction.evict(self.store, ns, target.name or "", body, eviction.dry_run(body)), 201)
         if method == "PUT" and target.name:
             body = parsing.decode(request)
             if not isinstance(body, dict):

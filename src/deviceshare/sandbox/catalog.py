@@ -91,7 +91,7 @@ BUILTINS: tuple[ResourceType, ...] = (
         "Pod",
         short_names=("po",),
         categories=("all",),
-        subresources=frozenset({"status", "binding", "ephemeralcontainers"}),
+        subresources=frozenset({"status", "binding", "ephemeralcontainers", "eviction"}),
         field_selectors=frozenset(
             {
                 "spec.nodeName",

@@ -22,6 +22,8 @@ import yaml
 from deviceshare.api import names
 from deviceshare.sandbox import admission, apiserver, catalog, errors, faults, identity, kubelet, patches, store
 from deviceshare.sandbox import deployments as deployments_
+from deviceshare.sandbox import disruption as disruption_
+from deviceshare.sandbox import priority as priority_classes
 
 CONTEXT = "deviceshare-sandbox"
 INTEL_RESOURCE = "gpu.intel.com/i915"
@@ -72,6 +74,7 @@ class Sandbox:
         gpu_memory_mib: int | None = DEFAULT_GPU_MEMORY_MIB,
         intel_nodes: int = 0,
         deployments: bool = False,
+        disruption: bool = True,
     ) -> None:
         self.resource = resource
         self.gpus = gpus
@@ -93,6 +96,8 @@ class Sandbox:
         self.kubelet = kubelet.Kubelet(self.store, kubelet_delay) if kubelet_delay else None
         # Off by default: most tests create a Deployment's pods themselves (or none at all).
         self.deployments = deployments_.DeploymentController(self.store, self.admission) if deployments else None
+        # PodDisruptionBudget status, which the Eviction API reads; it acts only where budgets exist.
+        self.disruption = disruption_.DisruptionController(self.store) if disruption else None
         self._host, self._port = host, port
         self._kubeconfig_path = kubeconfig_path
         self._server: kmock.Server | None = None
@@ -101,6 +106,8 @@ class Sandbox:
         self.kubeconfig = Path()
         for ns in SYSTEM_NAMESPACES:
             self.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+        for priority_class in priority_classes.system_classes():  # as the API server's bootstrap makes them
+            self.create(priority_class)
         crd_dir = crds if crds is not None else default_crds()
         if crd_dir is not None:
             for doc in load_manifests(crd_dir):
@@ -122,6 +129,8 @@ class Sandbox:
             self.kubelet.start()
         if self.deployments is not None:
             self.deployments.start()
+        if self.disruption is not None:
+            self.disruption.start()
         return self
 
     async def __aexit__(
@@ -131,6 +140,8 @@ class Sandbox:
             self.kubelet.stop()
         if self.deployments is not None:
             self.deployments.stop()
+        if self.disruption is not None:
+            self.disruption.stop()
         self.store.close_watches()
         self.api.faults.clear()  # no request stays held past the end
         if self._server is not None:

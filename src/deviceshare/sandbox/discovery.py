@@ -71,8 +71,8 @@ def resource_list(types: catalog.Catalog, group_name: str, version: str) -> dict
             entry["categories"] = list(rtype.categories)
         resources.append(entry)
         for sub in sorted(rtype.subresources):
-            verbs = ["create"] if sub == "binding" else ["get", "patch", "update"]
-            kind = {"binding": "Binding", "scale": "Scale"}.get(sub, rtype.kind)
+            verbs = ["create"] if sub in ("binding", "eviction") else ["get", "patch", "update"]
+            kind = {"binding": "Binding", "scale": "Scale", "eviction": "Eviction"}.get(sub, rtype.kind)
             sub_entry: dict[str, Any] = {
                 "name": f"{rtype.plural}/{sub}",
                 "singularName": "",
@@ -82,6 +82,8 @@ def resource_list(types: catalog.Catalog, group_name: str, version: str) -> dict
             }
             if sub == "scale":  # kubectl scale finds the Scale's group/version here
                 sub_entry.update(group="autoscaling", version="v1")
+            if sub == "eviction":  # kubectl drain reads which Eviction version to send here
+                sub_entry.update(group="policy", version="v1")
             resources.append(sub_entry)
     if not resources:
         return None

@@ -94,6 +94,14 @@ def invalid(kind: str, group: str, name: str, causes: Sequence[tuple[str, str]])
     return ApiError(422, "Invalid", f'{qualified} "{name}" is invalid: {summary}', details=detail)
 
 
+def forbidden(plural: str, group: str, name: str, why: str) -> ApiError:
+    """403 as admission and the registry refuse: ``pods "p" is forbidden: <why>``."""
+    return ApiError(
+        403, "Forbidden", f'{_qualified(plural, group)} "{name}" is forbidden: {why}',
+        details=_details(name, group, plural),
+    )
+
+
 def bad_request(message: str) -> ApiError:
     return ApiError(400, "BadRequest", message)
 

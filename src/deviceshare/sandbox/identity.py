@@ -21,10 +21,12 @@ from deviceshare.api import names
 class User:
     username: str
     groups: tuple[str, ...] = ("system:authenticated",)
+    # What the authenticator adds, e.g. a pod-bound service-account token's node: NODE_NAME_EXTRA -> [node].
+    extra: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     def info(self) -> dict[str, object]:
         """``request.userInfo`` as admission sees it."""
-        return {"username": self.username, "groups": list(self.groups)}
+        return {"username": self.username, "groups": list(self.groups), "extra": {k: list(v) for k, v in self.extra}}
 
 
 ADMIN = User("system:admin", ("system:masters", "system:authenticated"))
@@ -35,6 +37,16 @@ def service_account(namespace: str, name: str) -> User:
         f"system:serviceaccount:{namespace}:{name}",
         ("system:serviceaccounts", f"system:serviceaccounts:{namespace}", "system:authenticated"),
     )
+
+
+# kube-apiserver (1.30+, ServiceAccountTokenPodNodeInfo) puts the node of the pod a service-account token is
+# bound to in the user's extra info under this key: how a policy keeps a DaemonSet's pod to its own node.
+NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
+
+
+def bound_to_node(user: User, node: str) -> User:
+    """``user`` as it authenticates with a token bound to a pod on ``node``."""
+    return dataclasses.replace(user, extra=((NODE_NAME_EXTRA, (node,)),))
 
 
 # The accounts manifests/base creates: the policy names the operator's, tests act as the others.

@@ -17,6 +17,7 @@ the start are not among them, as on a real node).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -109,6 +110,8 @@ class Kubelet:
         self.store = objects
         self.delay = delay
         self._timers: dict[tuple[str, str], asyncio.TimerHandle] = {}
+        self._stopping_now: set[tuple[str, str]] = set()
+        self._slow: dict[tuple[str, str], asyncio.Event] = {}  # pods whose containers take their time to stop
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pods = objects.catalog.lookup("pods")
         self._nodes = objects.catalog.lookup("nodes")
@@ -130,7 +133,46 @@ class Kubelet:
 
     def _on_event(self, event: store.WatchEvent) -> None:
         if event.key == self._pods.key and event.type != "DELETED":
-            self._consider(event.obj)
+            if store.meta(event.obj).get("deletionTimestamp"):
+                self._stopping(event.obj)
+            else:
+                self._consider(event.obj)
+
+    def _stopping(self, pod: Mapping[str, Any]) -> None:
+        """A pod deleted gracefully on this node: its containers stop (after ``delay``, not the whole grace
+        period: they heed SIGTERM), the pod turns Failed, and the kubelet removes it (grace 0, by uid)."""
+        md = store.meta(pod)
+        key = (md.get("namespace", ""), md["name"])
+        if not (pod.get("spec") or {}).get("nodeName") or self._loop is None or key in self._stopping_now:
+            return
+        if key in self._timers:
+            self._timers.pop(key).cancel()  # it will not start now
+        self._stopping_now.add(key)
+        slow = self._slow.get(key)
+        if slow is not None:  # they stop when told (the test's stand-in for a long SIGTERM handler)
+            stopped = self._loop.create_task(slow.wait())
+            stopped.add_done_callback(lambda _: self._finish(key, md.get("uid")))
+            return
+        self._loop.call_later(self.delay, self._finish, key, md.get("uid"))
+
+    def slow_to_stop(self, namespace: str, name: str) -> asyncio.Event:
+        """The pod's containers, once asked to stop, keep running until the returned event is set: what a
+        process with a long SIGTERM handler does within its grace period (the pod stays Running, terminating)."""
+        return self._slow.setdefault((namespace, name), asyncio.Event())
+
+    def _finish(self, key: tuple[str, str], uid: str | None) -> None:
+        try:
+            pod = self.store.get(self._pods, key[0], key[1])
+            if store.meta(pod).get("uid") != uid:
+                return
+            if (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
+                self.complete(key[0], key[1], "Failed")  # (its event finds the key still stopping)
+            with contextlib.suppress(Exception):  # gone meanwhile, or held by a finalizer: as the real kubelet
+                self.store.delete(self._pods, key[0], key[1], {"gracePeriodSeconds": 0, "preconditions": {"uid": uid}})
+        except Exception:
+            return  # gone meanwhile
+        finally:
+            self._stopping_now.discard(key)
 
     def _consider(self, pod: Mapping[str, Any]) -> None:
         md = store.meta(pod)

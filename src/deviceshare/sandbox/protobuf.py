@@ -5,8 +5,9 @@ kubectl sends built-in kinds as ``application/vnd.kubernetes.protobuf`` from its
 (create, update, list, and on uninstall deletes with a protobuf ``DeleteOptions`` body); neither falls back
 to JSON on a 415. Decoding every built-in type would need their schemas; metadata-and-maps kinds need
 only the protobuf wire format and the field numbers of ObjectMeta, and ``DeleteOptions`` its own six
-fields, so those are decoded here. Anything else is answered 415 with a hint to use ``kubectl apply -f``
-(which sends JSON).
+fields, so those are decoded here; a few kinds with their own structure (PodDisruptionBudget,
+PriorityClass, Eviction) in :mod:`protostructs`. Anything else is answered 415 with a hint to use
+``kubectl apply -f`` (which sends JSON).
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ def _entry(value: bytes) -> tuple[str, bytes]:
     return _text(parts.get(1, b"")), bytes(parts.get(2, b""))
 
 
-def _object_meta(data: bytes) -> dict[str, Any]:
+def object_meta(data: bytes) -> dict[str, Any]:
     meta: dict[str, Any] = {}
     names = {1: "name", 2: "generateName", 3: "namespace"}
     for number, _, value in fields(data):
@@ -81,7 +82,7 @@ def _string_maps(data: bytes, maps: dict[int, tuple[str, bool]]) -> dict[str, An
     obj: dict[str, Any] = {}
     for number, _, value in fields(data):
         if number == 1:
-            obj["metadata"] = _object_meta(value)
+            obj["metadata"] = object_meta(value)
         elif number in maps:
             name, binary = maps[number]
             key, raw = _entry(value)
@@ -107,7 +108,7 @@ def _signed(value: int) -> int:
     return value - (1 << 64) if value >= 1 << 63 else value  # int64 as a varint is two's complement
 
 
-def _delete_options(data: bytes) -> dict[str, Any]:
+def delete_options(data: bytes) -> dict[str, Any]:
     """meta/v1 DeleteOptions (generated.proto field numbers): what a delete sends as its body."""
     options: dict[str, Any] = {}
     for number, _, value in fields(data):
@@ -134,11 +135,15 @@ def decode(body: bytes) -> dict[str, Any]:
     type_meta = {n: _text(v) for n, _, v in fields(bytes(unknown.get(1, b"")))}
     api_version, kind = type_meta.get(1, ""), type_meta.get(2, "")
     if kind == "DeleteOptions":  # Helm's and client-go's typed deletes (helm uninstall: its release Secrets)
-        return {"apiVersion": api_version, "kind": kind, **_delete_options(bytes(unknown.get(2, b"")))}
+        return {"apiVersion": api_version, "kind": kind, **delete_options(bytes(unknown.get(2, b"")))}
+    from deviceshare.sandbox import protostructs  # (it reads fields with this module's helpers)
+
+    structured = protostructs.DECODERS.get(kind)
+    if structured is not None:
+        return {"apiVersion": api_version, "kind": kind, **structured(bytes(unknown.get(2, b"")))}
     if kind not in DECODABLE:
-        raise ValueError(
-            f"the sandbox decodes protobuf only for {', '.join(sorted(DECODABLE))}, not {kind!r}"
-        )
+        known = sorted({*DECODABLE, *protostructs.DECODERS})
+        raise ValueError(f"the sandbox decodes protobuf only for {', '.join(known)}, not {kind!r}")
     obj = _string_maps(bytes(unknown.get(2, b"")), DECODABLE[kind])
     if kind == "Secret":
         for number, wire, value in fields(bytes(unknown.get(2, b""))):

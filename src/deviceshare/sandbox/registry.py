@@ -9,6 +9,7 @@ Kind-specific rules (a pod's spec, a CRD's schema) are in ``strategies``.
 
 from __future__ import annotations
 
+import datetime
 import random
 import uuid
 from collections.abc import Callable, Mapping
@@ -171,6 +172,27 @@ def check_delete_preconditions(
         )
     if pre.get("resourceVersion") and str(pre["resourceVersion"]) != md["resourceVersion"]:
         raise errors.conflict(rtype.plural, rtype.group, name, errors.STALE)
+
+
+def grace_period(rtype: catalog.ResourceType, old: Obj, options: Mapping[str, Any] | None) -> int:
+    """Seconds a deleted pod is given to stop (its kubelet then removes it); 0: gone at once.
+
+    As the pod strategy's CheckGracefulDelete, for a pod that runs on a node, but only when the delete
+    asks for a grace period (the Eviction API does): a plain DELETE still removes a pod at once here."""
+    wanted = (options or {}).get("gracePeriodSeconds")
+    if rtype.key != ("", "pods") or not isinstance(wanted, int) or isinstance(wanted, bool) or wanted <= 0:
+        return 0
+    if not (old.get("spec") or {}).get("nodeName") or (old.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+        return 0
+    return wanted
+
+
+def terminating(old: Obj, grace_s: int) -> Obj:
+    """The object being deleted: ``deletionTimestamp`` (now plus the grace period) and the period."""
+    new = clone(old)
+    moment = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=grace_s)
+    meta(new).update(deletionTimestamp=moment.strftime("%Y-%m-%dT%H:%M:%SZ"), deletionGracePeriodSeconds=grace_s)
+    return new
 
 
 def orphans(options: Mapping[str, Any] | None) -> bool:

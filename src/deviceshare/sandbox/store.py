@@ -247,7 +247,8 @@ class ObjectStore:
         new_md = meta(new)
         new_md["resourceVersion"] = self._next_rv()
         key = (new_md.get("namespace", ""), new_md["name"])
-        if new_md.get("deletionTimestamp") and not new_md.get("finalizers"):
+        gone = new_md.get("deletionTimestamp") and not new_md.get("finalizers")
+        if gone and not new_md.get("deletionGracePeriodSeconds"):  # (a pod in its grace period stays)
             del self._objects[rtype.key][key]
             self._encoded[rtype.key].pop(key, None)
             self._emit("DELETED", rtype, new, old)
@@ -271,12 +272,15 @@ class ObjectStore:
         old = self._existing(rtype, namespace, name)
         registry.check_delete_preconditions(rtype, name, old, options)
         md = meta(old)
-        if md.get("finalizers"):
-            if md.get("deletionTimestamp"):
+        grace = registry.grace_period(rtype, old, options)  # a pod asked to stop first: its kubelet removes it
+        if md.get("deletionTimestamp") and (md.get("finalizers") or grace):
+            if grace or not md.get("deletionGracePeriodSeconds"):
                 return clone(old)
-            new = clone(old)
-            meta(new).update(deletionTimestamp=now(), deletionGracePeriodSeconds=0)
-            return self._commit(rtype, old, new)
+            shortened = clone(old)  # to now: gone as soon as its finalizers are
+            meta(shortened)["deletionGracePeriodSeconds"] = 0
+            return self._commit(rtype, old, shortened)
+        if not md.get("deletionTimestamp") and (md.get("finalizers") or grace):
+            return self._commit(rtype, old, registry.terminating(old, grace))
         del self._objects[rtype.key][(md.get("namespace", ""), name)]
         self._encoded[rtype.key].pop((md.get("namespace", ""), name), None)
         gone = clone(old)

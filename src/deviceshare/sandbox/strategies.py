@@ -14,7 +14,7 @@ import re
 from collections.abc import Mapping
 from typing import Any, TypeVar, cast
 
-from deviceshare.sandbox import catalog, errors, schema
+from deviceshare.sandbox import budgets, catalog, errors, priority, schema
 
 Obj = dict[str, Any]
 
@@ -61,6 +61,8 @@ def prepare_for_create(rtype: catalog.ResourceType, obj: Obj) -> Obj:
         obj.setdefault("spec", {}).setdefault("schedulerName", "default-scheduler")
     elif rtype.key == ("", "secrets"):
         obj.setdefault("type", "Opaque")
+    elif rtype.key == budgets.KEY:
+        obj["status"] = dict(budgets.EMPTY_STATUS)
     elif rtype.key == ("", "namespaces"):
         obj["status"] = {"phase": "Active"}
         obj.setdefault("spec", {"finalizers": ["kubernetes"]})
@@ -107,6 +109,11 @@ def validated(rtype: catalog.ResourceType, obj: Obj, old: Obj | None) -> Obj:
             for field in ("name", "image"):
                 if not c.get(field):
                     causes.append((f"spec.containers[{i}].{field}", "Required value"))
+    elif rtype.key == budgets.KEY:
+        causes += budgets.validate(obj)
+    elif rtype.key == priority.KEY:
+        priority.prepare(obj)
+        causes += priority.validate(obj, old)
     elif rtype.key == ("apiextensions.k8s.io", "customresourcedefinitions"):
         spec = obj.get("spec", {})
         for field in ("group", "names", "versions"):

@@ -3,7 +3,8 @@
 Custom resources get their CRD's ``additionalPrinterColumns`` (JSONPath-lite: dotted paths),
 with ``date`` columns shown as ages ("5m") as kube-apiserver does; a few built-ins get the
 columns kubectl users expect (pods: READY/STATUS/RESTARTS/AGE/NODE, nodes: STATUS/AGE..., deployments:
-READY/UP-TO-DATE/AVAILABLE/AGE).
+READY/UP-TO-DATE/AVAILABLE/AGE, pdb: MIN AVAILABLE/MAX UNAVAILABLE/ALLOWED DISRUPTIONS/AGE, priorityclasses:
+VALUE/GLOBAL-DEFAULT/AGE/PREEMPTIONPOLICY).
 """
 
 from __future__ import annotations
@@ -103,6 +104,25 @@ def _deployment_cells(deployment: Row) -> list[Any]:
     ]
 
 
+def _budget_cells(budget: Row) -> list[Any]:
+    spec, status = budget.get("spec") or {}, budget.get("status") or {}
+    return [
+        str(spec["minAvailable"]) if "minAvailable" in spec else "N/A",
+        str(spec["maxUnavailable"]) if "maxUnavailable" in spec else "N/A",
+        int(status.get("disruptionsAllowed") or 0),
+        age(budget.get("metadata", {}).get("creationTimestamp")),
+    ]
+
+
+def _priority_class_cells(pc: Row) -> list[Any]:
+    return [
+        int(pc.get("value") or 0),
+        bool(pc.get("globalDefault", False)),
+        age(pc.get("metadata", {}).get("creationTimestamp")),
+        pc.get("preemptionPolicy", ""),
+    ]
+
+
 # kubectl's columns for events put the name last and hidden (priority 1)
 _EVENT_COLUMNS = [
     ("Last Seen", "string", 0),
@@ -132,6 +152,16 @@ _BUILTIN: dict[tuple[str, str], tuple[list[tuple[str, str, int]], Callable[[Row]
     ("", "nodes"): (
         [("Status", "string", 0), ("Roles", "string", 0), ("Age", "string", 0), ("Version", "string", 0)],
         _node_cells,
+    ),
+    ("policy", "poddisruptionbudgets"): (
+        [("Min Available", "string", 0), ("Max Unavailable", "string", 0), ("Allowed Disruptions", "integer", 0),
+         ("Age", "string", 0)],
+        _budget_cells,
+    ),
+    ("scheduling.k8s.io", "priorityclasses"): (
+        [("Value", "integer", 0), ("Global-Default", "boolean", 0), ("Age", "string", 0),
+         ("PreemptionPolicy", "string", 0)],
+        _priority_class_cells,
     ),
 }
 

@@ -27,8 +27,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from deviceshare.api import envnames, models, names
+from deviceshare.core import capacity, placement
 from deviceshare.core import members as member_rules
-from deviceshare.webhooks import reviews
+from deviceshare.webhooks import mpsclients, reviews
 
 RETRY_MESSAGE = "deviceshare webhook is still loading groups; retry the pod creation"
 
@@ -78,9 +79,10 @@ def review(
     lookup: GroupView,
     env_names: envnames.EnvNames,
     scheduler_name: str = names.DEFAULT_SCHEDULER_NAME,
+    mps: mpsclients.MpsMount | None = None,
 ) -> dict[str, Any]:
     """The AdmissionReview response for an AdmissionReview request (raises :class:`MalformedReview`)."""
-    return respond(body, decide(body, lookup, env_names, scheduler_name))
+    return respond(body, decide(body, lookup, env_names, scheduler_name, mps))
 
 
 def decide(
@@ -88,9 +90,11 @@ def decide(
     lookup: GroupView,
     env_names: envnames.EnvNames,
     scheduler_name: str = names.DEFAULT_SCHEDULER_NAME,
+    mps: mpsclients.MpsMount | None = None,
 ) -> Decision:
-    """The decision alone (raises :class:`MalformedReview`)."""
-    return decide_create(pod_create(body), lookup, env_names, scheduler_name)
+    """The decision alone (raises :class:`MalformedReview`). ``mps``: shares are enforced by the node's MPS
+    daemon (``--mps-root``), so members of compute/memory shares get its pipe and shm (:mod:`mpsclients`)."""
+    return decide_create(pod_create(body), lookup, env_names, scheduler_name, mps)
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,11 +126,12 @@ def decide_create(
     lookup: GroupView,
     env_names: envnames.EnvNames,
     scheduler_name: str = names.DEFAULT_SCHEDULER_NAME,
+    mps: mpsclients.MpsMount | None = None,
 ) -> Decision:
     """The decision for a checked pod CREATE (``None``: nothing to decide)."""
     if create is None:
         return Decision(allowed=True, outcome="skipped")
-    return mutate(create.pod, create.namespace, lookup, env_names, scheduler_name)
+    return mutate(create.pod, create.namespace, lookup, env_names, scheduler_name, mps)
 
 
 def group_name_of(pod: Mapping[str, Any]) -> str | None:
@@ -142,6 +147,7 @@ def mutate(
     lookup: GroupView,
     env_names: envnames.EnvNames,
     scheduler_name: str,
+    mps: mpsclients.MpsMount | None = None,
 ) -> Decision:
     """The decision for a pod being created in ``namespace``."""
     group_name = group_name_of(pod)
@@ -175,7 +181,16 @@ def mutate(
                 f"SharedDeviceGroup {group_name!r} already has {members} of its "
                 f"maxMembers={group.max_members} members"
             )
+    enforced = mps is not None and placement.needs_mps(capacity.shares_from_spec(group.share))
+    if enforced:
+        assert mps is not None
+        mps_problem = mpsclients.problem(pod, mps)
+        if mps_problem:
+            return deny(mps_problem)
     patch = list(_patch(pod, group_name, env, scheduler_name))
+    if enforced:
+        assert mps is not None
+        patch += mpsclients.patch(pod, mps, pointer)
     return Decision(allowed=True, patch=patch, outcome="patched" if patch else "unchanged")
 
 

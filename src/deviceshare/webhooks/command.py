@@ -54,6 +54,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds /readyz answers 503 before shutdown on SIGTERM",
     )
     parser.add_argument("--log-level", default="INFO", help="logging level")
+    parser.add_argument(
+        "--mps-root", metavar="DIR", default=None,
+        help="shares are enforced by NVIDIA MPS: give members of compute/memory shares the MPS daemon's pipe "
+        "directory (DIR/pipe), its /dev/shm (DIR/shm) and CUDA_MPS_PIPE_DIRECTORY, as the MPS overlay runs it "
+        "(default: off; the overlay sets /run/deviceshare/mps)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -71,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
 
 async def _serve(args: argparse.Namespace, env_names: EnvNames) -> None:
     from deviceshare.kube import connecting
-    from deviceshare.webhooks import server, tls
+    from deviceshare.webhooks import mpsclients, server, tls
 
     try:
         tls.server_context(args.tls_cert, args.tls_key)
@@ -93,6 +99,7 @@ async def _serve(args: argparse.Namespace, env_names: EnvNames) -> None:
                 env_names=env_names,
                 scheduler_name=os.environ.get(names.ENV_SCHEDULER_NAME) or names.DEFAULT_SCHEDULER_NAME,
                 reload_interval_s=args.reload_interval,
+                mps=mpsclients.MpsMount(args.mps_root) if args.mps_root else None,
             )
         except OSError as e:
             if e.errno in (errno.EADDRINUSE, errno.EACCES, errno.EADDRNOTAVAIL):

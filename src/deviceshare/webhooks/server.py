@@ -45,7 +45,7 @@ from kubernetes_asyncio import client
 from deviceshare.api import envnames, names
 from deviceshare.core import members as member_rules
 from deviceshare.kube import connecting
-from deviceshare.webhooks import admission, budgets, groups, limits, metrics, reviews, tls
+from deviceshare.webhooks import admission, budgets, groups, limits, metrics, mpsclients, reviews, tls
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +72,7 @@ class Settings:
     scheduler_name: str = names.DEFAULT_SCHEDULER_NAME
     warmup_timeout_s: float = DEFAULT_WARMUP_TIMEOUT_S
     limits: limits.Limits = field(default_factory=limits.Limits)
+    mps: mpsclients.MpsMount | None = None  # --mps-root: shares are enforced by the nodes' MPS daemons
 
 
 class Webhook:
@@ -149,7 +150,9 @@ class Webhook:
             if not self.lookup.synced:
                 await self.lookup.wait_synced(self.settings.warmup_timeout_s)
             await self._refresh_on_miss(create.namespace, create.group_name)
-        return admission.decide_create(create, self.lookup, self.settings.env_names, self.settings.scheduler_name)
+        return admission.decide_create(
+            create, self.lookup, self.settings.env_names, self.settings.scheduler_name, self.settings.mps
+        )
 
     async def _group_validation(self, body: dict[str, Any]) -> admission.Decision:
         if self.budget_view is None:
@@ -265,6 +268,7 @@ async def start_webhook(
     reload_interval_s: float = 5.0,
     watch_timeout_s: int = 300,
     bounds: limits.Limits | None = None,
+    mps: mpsclients.MpsMount | None = None,
 ) -> RunningWebhook:
     """Serve the webhook over TLS on ``host:port`` (0 picks a free port) until ``stop()``.
 
@@ -286,6 +290,7 @@ async def start_webhook(
         scheduler_name=scheduler_name,
         warmup_timeout_s=warmup_timeout_s,
         limits=bounds or limits.Limits(),
+        mps=mps,
     )
     budget_view = index if index is not None else (lookup if isinstance(lookup, budgets.BudgetView) else None)
     webhook = Webhook(lookup, settings, webhook_metrics, budget_view)

@@ -47,6 +47,7 @@ class FakeApi(storage.ClusterApi):
         # The next write of each verb named here lands, then its answer is lost beyond what a read-back could
         # recover (storage.Uncertain reaches the caller); with ``lands=False`` it is lost before landing.
         self.lose_answer: dict[str, bool] = {}
+        self.protected: set[tuple[str, str]] = set()  # pods a PodDisruptionBudget keeps from eviction
 
     async def _call(self, *args: Any, **kwargs: Any) -> Any:
         raise AssertionError(f"the fake API does not model {args[:2]}")
@@ -93,15 +94,20 @@ class FakeApi(storage.ClusterApi):
         body["metadata"]["resourceVersion"] = self._next_rv()
         return copy.deepcopy(body)
 
-    def add_pod(self, name: str, group: str | None, *, namespace: str = "ns", **container: Any) -> dict[str, Any]:
+    def add_pod(self, name: str, group: str | None, *, namespace: str = "ns", priority: int | None = None,
+                **container: Any) -> dict[str, Any]:
         annotations = {} if group is None else {names.POD_GROUP_ANNOTATION: group}
-        body = {
+        rv = self._next_rv()
+        body: dict[str, Any] = {
             "metadata": {"namespace": namespace, "name": name, "uid": f"uid-{name}", "annotations": annotations,
-                         "resourceVersion": self._next_rv()},
+                         "resourceVersion": rv, "creationTimestamp": f"2026-11-24T10:{int(rv) // 60 % 60:02d}:"
+                                                                     f"{int(rv) % 60:02d}Z"},
             "spec": {"schedulerName": names.DEFAULT_SCHEDULER_NAME,
                      "containers": [{"name": "main", "image": "x", **container}]},
             "status": {"phase": "Pending"},
         }
+        if priority is not None:
+            body["spec"]["priority"] = priority
         self.pods[(namespace, name)] = body
         return copy.deepcopy(body)
 
@@ -189,6 +195,17 @@ class FakeApi(storage.ClusterApi):
                 ann.pop(k, None)
             else:
                 ann[k] = v
+
+    async def evict_pod(self, key: tuple[str, str], uid: str) -> bool:
+        """The Eviction API: refused (False) for the pods in ``protected``, else the pod starts terminating."""
+        if key in self.protected:
+            return False
+        self._record(Write("evict", "pod", key, None))
+        body = self.pods.get(key)
+        if body is not None and body["metadata"]["uid"] == uid:
+            body["metadata"]["deletionTimestamp"] = "2026-11-24T12:00:00Z"
+            body["metadata"]["resourceVersion"] = self._next_rv()
+        return True
 
     async def emit_event(self, *, name: str, reason: str, message: str, **_: Any) -> str | None:
         self.events.append((name, reason, message))

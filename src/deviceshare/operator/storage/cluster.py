@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import secrets
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -22,13 +21,13 @@ from deviceshare.kube import watching
 from .. import readback
 from .. import state as state_
 from ..readback import Seen
-from .errors import READ_BACK_TRIES, Conflict, Gone, Uncertain
+from .errors import READ_BACK_TRIES, Conflict, Gone, TooManyRequests, Uncertain
+from .eventwrites import EventWrites
 from .transport import (
     MERGE_PATCH,
     STRATEGIC_MERGE_PATCH,
     GroupKey,
     PodKey,
-    Transport,
     _group_path,
     _lease_path,
     _pod_path,
@@ -39,7 +38,7 @@ from .transport import (
 logger = logging.getLogger(__name__)
 
 
-class ClusterApi(Transport):
+class ClusterApi(EventWrites):
     """Every read the operator makes outside its watches, and every write."""
 
     def node_reflector(self, sink: watching.Sink, *, resume_from: str | None = None) -> watching.Reflector:
@@ -263,6 +262,34 @@ class ClusterApi(Transport):
             raise Conflict(str(lost)) from lost
         raise Uncertain(f"{what}: the answer was lost and the pod is not bound yet") from lost
 
+    async def evict_pod(self, key: PodKey, uid: str) -> bool:
+        """Evict through ``pods/eviction`` (policy/v1), so PodDisruptionBudgets hold; the uid is a precondition
+        (a pod recreated under the name is not touched). True once the API shows the pod gone or terminating;
+        False when a PodDisruptionBudget refuses now (429). A lost answer is read back; one that cannot be
+        settled is ``Uncertain``."""
+        what = f"evict pod {names.key_text(key)}"
+        body = {
+            "apiVersion": "policy/v1", "kind": "Eviction",
+            "metadata": {"name": key[1], "namespace": key[0]},
+            "deleteOptions": {"preconditions": {"uid": uid}},
+        }
+        try:
+            await self._write(
+                "POST", _pod_path(key) + "/eviction", what, body, verb="evict", resource="pods/eviction",
+                resolved_by_caller=True,
+            )
+            return True
+        except TooManyRequests:
+            return False
+        except (Gone, Conflict):  # gone already, or another pod under the name: nothing of ours to evict
+            return True
+        except Uncertain:
+            judge = functools.partial(readback.eviction, uid=uid)
+            seen, _ = await self._resolve(what, "evict", "pods/eviction", lambda: self.get_pod(key), judge)
+            if seen is not Seen.LANDED:
+                raise
+            return True
+
     async def set_pod_scheduled_condition(
         self, key: PodKey, *, status: str, reason: str, message: str
     ) -> None:
@@ -285,66 +312,6 @@ class ClusterApi(Transport):
             "PATCH", _pod_path(key) + "/status", f"set PodScheduled on pod {names.key_text(key)}",
             body, verb="patch", resource="pods/status", content_type=STRATEGIC_MERGE_PATCH,
         )
-
-    # -- events --------------------------------------------------------------------------------
-
-    async def emit_event(
-        self,
-        *,
-        kind: str,
-        api_version: str,
-        namespace: str,
-        name: str,
-        uid: str,
-        reason: str,
-        message: str,
-        type_: str = "Normal",
-        component: str = names.DEFAULT_SCHEDULER_NAME,
-    ) -> str | None:
-        """Best effort, like kube-scheduler's recorder: a lost event is logged, never fatal. Returns the
-        Event's name (None if it could not be posted); repeats are counted by ``events.EventRecorder``."""
-        ts = now_rfc3339()
-        event_name = f"{name}.{secrets.token_hex(8)}"
-        body = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"name": event_name, "namespace": namespace},
-            "involvedObject": {
-                "kind": kind, "apiVersion": api_version, "namespace": namespace, "name": name, "uid": uid,
-            },
-            "reason": reason,
-            "message": message[:1024],
-            "type": type_,
-            "source": {"component": component},
-            "reportingComponent": component,
-            "firstTimestamp": ts,
-            "lastTimestamp": ts,
-            "count": 1,
-        }
-        try:
-            await self._write(
-                "POST", f"/api/v1/namespaces/{_segment(namespace)}/events",
-                f"event {reason} for {kind} {namespace}/{name}", body, verb="create", resource="events",
-            )
-        except Exception as e:  # events are advisory
-            logger.warning("could not post event %s for %s %s/%s: %s", reason, kind, namespace, name, e)
-            return None
-        return event_name
-
-    async def count_event(self, namespace: str, event_name: str, count: int) -> bool:
-        """Set an Event's ``count`` and bump its ``lastTimestamp``; False if it is gone (or the write failed)."""
-        try:
-            await self._write(
-                "PATCH", f"/api/v1/namespaces/{_segment(namespace)}/events/{_segment(event_name)}",
-                f"event {event_name}", {"count": count, "lastTimestamp": now_rfc3339()},
-                verb="patch", resource="events", content_type=MERGE_PATCH,
-            )
-        except Exception as e:  # events are advisory; a missing one is posted anew by the caller
-            if not isinstance(e, Gone):
-                logger.warning("could not count event %s/%s: %s", namespace, event_name, e)
-            return False
-        return True
-
 
 def _deleted(body: Mapping[str, Any], key: GroupKey) -> state_.GroupRecord:
     """A group deleted by our removal of its last finalizer, known only from a read-back's 404."""

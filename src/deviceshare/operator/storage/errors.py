@@ -34,6 +34,10 @@ class RetryLater(Exception):
         self.delay = delay
 
 
+class TooManyRequests(RetryLater):
+    """429: refused, certainly not applied. On an eviction, a PodDisruptionBudget allows no disruption now."""
+
+
 class Uncertain(RetryLater):
     """A write whose answer was lost (5xx, a timeout, a dropped connection) and could not be read back: it
     may have landed. Keep everything it could have claimed, and try again later."""
@@ -76,8 +80,7 @@ def translate(
         return Invalid(text)
     if write and status >= 500:  # 504 Timeout says it outright: "may still be processing the request"
         return Uncertain(text)
-    delay: float | None = None
-    retry_after = (headers or {}).get("Retry-After", "")
-    if status == 429 and retry_after.isdigit():
-        delay = float(retry_after)
-    return RetryLater(text, delay=delay or 1.0)
+    if status == 429:
+        retry_after = (headers or {}).get("Retry-After", "")
+        return TooManyRequests(text, delay=float(retry_after) if retry_after.isdigit() else 1.0)
+    return RetryLater(text, delay=1.0)
