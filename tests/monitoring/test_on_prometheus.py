@@ -154,7 +154,7 @@ async def test_every_panel_and_alert_evaluates_and_the_panels_show_data(
         await kube.create_priority_class("urgent", 1000)
         await kube.create_group(NS, "urgent", {GPU: 8})
         await kube.create_pod(NS, "urgent-0", "urgent", priority_class="urgent")
-        pods.append(await kube.wait_bound(NS, "urgent-0", timeout=30))
+        pods.append(await kube.wait_bound(NS, "urgent-0"))
 
         async def preempted() -> bool:
             got = await prom.query('sum(deviceshare_preemptions_total{result="evicted"})')
