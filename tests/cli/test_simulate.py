@@ -81,12 +81,12 @@ def test_table_names_the_policies(trace: tuple[Path, Path], capsys: pytest.Captu
     assert "idle: whole" in out and "crumbs" in out
 
 
-@pytest.mark.parametrize("policy", ["random", "bestfit", "fgd", "fgd-fill-share", "fgd-balance"])
+@pytest.mark.parametrize("policy", ["random", "bestfit", "fgd", "fgd-fill-share", "fgd-balance", "fgd-scarce"])
 def test_what_is_left_idle_and_what_is_allocated_add_up_to_the_cluster(policy: str) -> None:
     nodes = traces.parse_nodes(NODES.splitlines(keepends=True))
     pods = traces.parse_pods(pods_csv(120, seed=9).splitlines(keepends=True))
     for seed in (42, 43, 44):
-        got = replay.replay(nodes, pods, experiment.POLICIES[policy](pods), seed, 1.3)
+        got = replay.replay(nodes, pods, experiment.POLICIES[policy](nodes, pods), seed, 1.3)
         assert got.capacity_milli == 11_000  # 11 GPUs in NODES
         assert got.allocated[-1] + got.left.whole_milli + got.left.crumb_milli == got.capacity_milli
         assert got.left.whole_milli % 1000 == 0

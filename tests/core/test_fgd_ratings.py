@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from tests.core import builders
 
-from deviceshare.core import capacity, fgdplacement, fgdratings, inventory, ledger, placement, workloadmix
+from deviceshare.core import capacity, fgdgroups, fgdplacement, fgdratings, inventory, ledger, placement, workloadmix
 from deviceshare.core import fragmentation as frag
 
 GPU = builders.GPU
@@ -51,7 +51,7 @@ def _unclamped_choice(
         state = snap.nodes[name]
         if not placement._fits(state, request, pod):
             continue
-        values = fgdplacement.free_values(state, GPU).values()
+        values = fgdgroups.free_values(state, GPU).values()
         got = fgdratings.rate(policy.measure(), frag.signature_of(GPU, state.info.cpu_milli - state.cpu_used,
                                                                      values), shape)
         if got is not None and got[0] > best_score:
@@ -168,3 +168,30 @@ def test_background_work_stays_within_its_budget_and_a_bad_budget_is_named() -> 
     assert spent <= 5 + fgdratings._FITS  # the last rating may overrun the units left
     with pytest.raises(ValueError, match="budget must be at least 1, got 0"):
         fgdratings.Ratings(fgdratings.rate, budget=0)
+
+
+def test_a_clamp_an_early_mix_raised_comes_down_once_the_mix_moved_and_decisions_stay_fgds() -> None:
+    """A first mix of one CPU-heavy sliver (100m with 16 cores: 160 CPU per milli of GPU) makes free CPU
+    matter up to the whole node; once whole-GPU groups of 1 core dominate, the clamp comes down (nodes
+    share classes again) and every decision is still the one FGD takes on the nodes' true free CPU."""
+    book = ledger.DeviceLedger()
+    for i in range(12):
+        book.upsert_node(builders.node(f"n{i:02}", gpus=4, cpu_milli=(40 + 8 * (i % 5)) * 1000))
+    policy = fgdplacement.FGDPlacement(
+        workloadmix.ShapeHistogram.seeded([frag.Shape(16_000, 100, 1, GPU)], half_life=5), refresh=3
+    )
+    caps = []
+    for i in range(40):
+        request, pod = _request(f"g{i}"), inventory.PodDemand(cpu_milli=1000)
+        snap = book.snapshot()
+        got = placement.place_by_policy(snap, request, pod, policy.for_pod(pod))
+        assert got == placement.place_by_policy(snap, request, pod, policy.naive_for_pod(pod))
+        assert (got.node if isinstance(got, placement.Placement) else None) == _unclamped_choice(
+            policy, snap, request, pod
+        )
+        caps.append(policy._cpu_cap)
+        assert isinstance(got, placement.Placement)  # 48 GPUs for 40 one-GPU groups
+        book.reserve(request.key, got.node, got.devices, request.share)
+        book.account_pod(request.key, got.node, 1000, 0)
+        policy.observe(request, 1000)
+    assert caps[0] >= 4 * caps[-1], f"the clamp never came down: {caps}"

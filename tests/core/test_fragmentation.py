@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from deviceshare.core import fgd, policies
 from deviceshare.core import fragmentation as frag
-from deviceshare.core import policies
 from deviceshare.core.fragmentation import Shape, WeightedShape
 
 SHARE_300 = Shape(cpu_milli=1000, gpu_milli=300, num_gpu=1)
@@ -159,9 +159,9 @@ def test_with_balance_a_cpu_heavy_share_prefers_the_node_with_cpu_to_spare() -> 
     workload = (WeightedShape(heavy, 0.5), WeightedShape(light, 0.5))
     poor: frag.Signature = ("A", 24_000, (1000,) * 8)  # 8 GPUs, 24 cores
     rich: frag.Signature = ("A", 96_000, (1000,) * 2)  # 2 GPUs, 96 cores
-    paper = policies.FGDPolicy(frag.Fragmentation(workload))
+    paper = policies.FGDPolicy(fgd.Measure(fgd.VARIANTS["fgd"], workload))
     assert paper.evaluate(poor, heavy) == paper.evaluate(rich, heavy)  # the paper's measure cannot tell them apart
-    policy = policies.FGDPolicy(frag.Fragmentation(workload, balance=4.0))
+    policy = policies.FGDPolicy(fgd.Measure(fgd.Variant(balance=4.0), workload))
     on_poor, on_rich = policy.evaluate(poor, heavy), policy.evaluate(rich, heavy)
     assert on_poor is not None and on_rich is not None
     assert on_rich.score > on_poor.score

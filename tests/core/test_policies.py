@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from deviceshare.core import experiment, nodeclasses, policies
+from deviceshare.core import experiment, fgd, nodeclasses, policies
 from deviceshare.core import fragmentation as frag
 from deviceshare.core.fragmentation import Shape, WeightedShape
 from deviceshare.core.nodeclasses import Cluster, Node, Pod
@@ -17,8 +17,12 @@ SHARE_500 = Shape(1000, 500, 1)
 WHOLE_1 = Shape(1000, 1000, 1)
 
 
-def fgd(*workload: WeightedShape) -> policies.FGDPolicy:
-    return policies.FGDPolicy(frag.Fragmentation(workload))
+def paper(workload: tuple[WeightedShape, ...]) -> policies.FGDPolicy:
+    return policies.FGDPolicy(fgd.Measure(fgd.VARIANTS["fgd"], workload))
+
+
+def fgd_policy(*workload: WeightedShape) -> policies.FGDPolicy:
+    return paper(workload)
 
 
 def cluster(policy: policies.Policy, gpus: list[list[int]], order: list[int] | None = None, **kw: int) -> Cluster:
@@ -32,13 +36,13 @@ def cluster(policy: policies.Policy, gpus: list[list[int]], order: list[int] | N
 
 
 def test_fgd_puts_a_share_where_it_completes_a_gpu_rather_than_breaking_a_whole_one() -> None:
-    policy = fgd(WeightedShape(SHARE_500, 0.5), WeightedShape(WHOLE_1, 0.5))
+    policy = fgd_policy(WeightedShape(SHARE_500, 0.5), WeightedShape(WHOLE_1, 0.5))
     c = cluster(policy, [[1000, 1000], [1000, 500]])
     assert c.decide(Pod(SHARE_500, 1024)) == nodeclasses.Decision(1, (1,))
 
 
 def test_fgd_picks_the_first_gpu_index_with_the_best_score() -> None:
-    policy = fgd(WeightedShape(Shape(1000, 300, 1), 1.0))
+    policy = fgd_policy(WeightedShape(Shape(1000, 300, 1), 1.0))
     c = cluster(policy, [[1000, 600, 600, 1000]])
     # 600 -> 300 still fits another 300-share; 1000 -> 700 too: equal scores, first index wins
     assert c.decide(Pod(Shape(1000, 300, 1), 0)) == nodeclasses.Decision(0, (0,))
@@ -96,7 +100,7 @@ def random_pod(rng: random.Random) -> Pod:
 @settings(max_examples=15, deadline=None)
 @given(
     seed=st.integers(0, 2**32 - 1),
-    which=st.sampled_from(["fgd", "bestfit", "packing", "fgd-fill", "fgd-fill-share"]),
+    which=st.sampled_from(["fgd", "bestfit", "packing", "fgd-fill", "fgd-fill-share", "fgd-scarce"]),
     tidy=st.booleans(),
 )
 def test_the_indexed_engine_decides_exactly_as_the_naive_one(seed: int, which: str, tidy: bool) -> None:
@@ -104,11 +108,12 @@ def test_the_indexed_engine_decides_exactly_as_the_naive_one(seed: int, which: s
     nodes = random_nodes(rng, 14)
     pods = [random_pod(rng) for _ in range(80)]
     policy: policies.Policy = {
-        "fgd": lambda: policies.FGDPolicy(frag.Fragmentation(frag.target_workload(p.shape for p in pods))),
+        "fgd": lambda: paper(frag.target_workload(p.shape for p in pods)),
         "bestfit": policies.BestFitPolicy,
         "packing": policies.PackingPolicy,
-        "fgd-fill": lambda: experiment.POLICIES["fgd-fill"](pods),
-        "fgd-fill-share": lambda: experiment.POLICIES["fgd-fill-share"](pods),
+        "fgd-fill": lambda: experiment.POLICIES["fgd-fill"](nodes, pods),
+        "fgd-fill-share": lambda: experiment.POLICIES["fgd-fill-share"](nodes, pods),
+        "fgd-scarce": lambda: experiment.POLICIES["fgd-scarce"](nodes, pods),
     }[which]()
     order = list(range(len(nodes)))
     rng.shuffle(order)
@@ -144,8 +149,8 @@ def test_tidying_bounds_how_far_any_shape_falls_behind() -> None:
     nodes = random_nodes(rng, 40)
     pods = [random_pod(rng) for _ in range(300)]
     workload = frag.target_workload(p.shape for p in pods)
-    tidied = Cluster(nodes, policies.FGDPolicy(frag.Fragmentation(workload)), list(range(40)))
-    lazy = Cluster(nodes, policies.FGDPolicy(frag.Fragmentation(workload)), list(range(40)), tidy=False)
+    tidied = Cluster(nodes, paper(workload), list(range(40)))
+    lazy = Cluster(nodes, paper(workload), list(range(40)), tidy=False)
     rare = Pod(Shape(1000, 130, 1), 0)
     for c in (tidied, lazy):
         c.prepare(w.shape for w in workload)

@@ -21,6 +21,26 @@ def _row(text: str, starts: str) -> list[str]:
     raise AssertionError(f"docs/benchmarks.md has no table row starting {starts!r}")
 
 
+def _rows(text: str, first: str) -> list[list[str]]:
+    """The cells of every table row whose first cell is ``first``."""
+    rows = []
+    for line in text.splitlines():
+        cells = [re.sub(r"[*`]", "", c).strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("|") and cells[0] == first:
+            rows.append(cells)
+    return rows
+
+
+def held_out(text: str) -> list[str]:
+    """README's phrases for the held-out margins of the operator's FGD variant over FGD: ``LIST +a / +b``
+    (at 100% / 130% load), from the held-out table ``make bench`` writes."""
+    best = re.search(r"`([\w-]+)` \(the operator's `fgd`\) over FGD, held out", text)
+    assert best, "docs/benchmarks.md: no held-out summary line"
+    rows = [r for r in _rows(text, "held out") if r[2] == best.group(1)]
+    assert len(rows) == 4, f"docs/benchmarks.md: expected the held-out rows of 4 lists, got {len(rows)}"
+    return [f"{r[1]} {r[4]} / {r[7]}" for r in rows]
+
+
 def measured() -> dict[str, str]:
     """The figures README quotes, read from docs/benchmarks.md."""
     text = BENCHMARKS.read_text()
@@ -36,6 +56,7 @@ def measured() -> dict[str, str]:
         "operator RSS MiB": rss.group(1),
         "pods/s": medians.group(1),
         "e2e p99 s": medians.group(2),
+        "fgd p99 ms": _rows(text, "fgd")[0][3],  # the operator's fgd at 5,000 nodes (bench_core_fgd)
     }
 
 
@@ -52,6 +73,8 @@ def test_readme_quotes_the_measured_figures() -> None:
         f"ledger rebuilt in {m['rebuild s']} s, RSS {m['operator RSS MiB']} MiB",
         f"median {m['pods/s']} pods/s",
         f"p99 create->bound {m['e2e p99 s']} s",
+        f"`fgd` strategy decides in p99 {m['fgd p99 ms']} ms",
+        *held_out(BENCHMARKS.read_text()),
     ]
     missing = [e for e in expected if e not in section]
     assert not missing, f"README's figures disagree with docs/benchmarks.md; it should say: {missing}"

@@ -2,8 +2,9 @@
 benchmark both run, so their figures agree.
 
 Policies by name: ``random``, ``bestfit``, ``packing``, ``fgd`` (the paper's), and ours (see
-:mod:`deviceshare.core.policies`). The fragmentation-aware ones measure against the target
-workload of the pod list being replayed (the artifact's: the shapes covering 95% of its pods).
+:mod:`deviceshare.core.fgd`, the engine the operator decides with too). The fragmentation-aware ones
+measure against the target workload of the pod list being replayed (the artifact's: the shapes
+covering 95% of its pods) and the node types of the cluster.
 Seeds are independent, so callers may run them in parallel processes: :func:`run_seed` takes and
 returns only plain, picklable values.
 """
@@ -14,38 +15,33 @@ import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from deviceshare.core import fgd, nodeclasses, policies, replay
 from deviceshare.core import fragmentation as frag
-from deviceshare.core import nodeclasses, policies, replay
 
 FIRST_SEED = 42  # the artifact's seeds are 42, 43, ...
+TUNING_SEEDS, TUNING_LISTS, HELD_OUT_SEEDS = fgd.TUNING_SEEDS, fgd.TUNING_LISTS, fgd.HELD_OUT_SEEDS
 
 
-def _measured(
-    name: str, *, fill_ahead: float = 0.0, shares_only: bool = False, balance: float = 0.0
-) -> Callable[[Sequence[nodeclasses.Pod]], policies.Policy]:
-    """An FGD policy over the list's target workload; the options are :class:`frag.Fragmentation`'s."""
+Build = Callable[[Sequence[nodeclasses.Node], Sequence[nodeclasses.Pod]], policies.Policy]
 
-    def build(pods: Sequence[nodeclasses.Pod]) -> policies.Policy:
+
+def _measured(name: str) -> Build:
+    """An FGD engine policy over the list's target workload and the cluster's node types."""
+    variant = fgd.VARIANTS[name]
+
+    def build(nodes: Sequence[nodeclasses.Node], pods: Sequence[nodeclasses.Pod]) -> policies.Policy:
         workload = frag.target_workload(p.shape for p in pods)
-        measure = frag.Fragmentation(workload, fill_ahead=fill_ahead, shares_only=shares_only, balance=balance)
-        return policies.FGDPolicy(measure, name=name)
+        types = fgd.node_types((n.model, n.gpus, n.cpu_milli) for n in nodes)
+        return policies.FGDPolicy(fgd.Measure(variant, workload, types), name=name)
 
     return build
 
 
-FILL_AHEAD = 0.25  # blend of the fill-ahead fragment into the paper's (see Fragmentation.compute)
-FILL_AHEAD_SHARES = 0.5  # the same, for GPU-sharing shapes only (chosen on 3 seeds of default, gpushare60)
-BALANCE = 6.0  # weight of the unfed GPU (Fragmentation.unfed); chosen among 4, 6, 8 on the 10 seeds reported (see docs)
-
-
-POLICIES: Mapping[str, Callable[[Sequence[nodeclasses.Pod]], policies.Policy]] = {
-    "random": lambda pods: policies.RandomPolicy(),
-    "bestfit": lambda pods: policies.BestFitPolicy(),
-    "packing": lambda pods: policies.PackingPolicy(),
-    "fgd": _measured("fgd"),
-    "fgd-fill": _measured("fgd-fill", fill_ahead=FILL_AHEAD),
-    "fgd-fill-share": _measured("fgd-fill-share", fill_ahead=FILL_AHEAD_SHARES, shares_only=True),
-    "fgd-balance": _measured("fgd-balance", fill_ahead=FILL_AHEAD_SHARES, shares_only=True, balance=BALANCE),
+POLICIES: Mapping[str, Build] = {
+    "random": lambda nodes, pods: policies.RandomPolicy(),
+    "bestfit": lambda nodes, pods: policies.BestFitPolicy(),
+    "packing": lambda nodes, pods: policies.PackingPolicy(),
+    **{name: _measured(name) for name in fgd.VARIANTS},
 }
 
 
@@ -66,7 +62,7 @@ def run_seed(
 ) -> SeedResult:
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r} (known: {', '.join(POLICIES)})")
-    got = replay.replay(nodes, pods, POLICIES[policy](pods), seed, ratio)
+    got = replay.replay(nodes, pods, POLICIES[policy](nodes, pods), seed, ratio)
     return SeedResult(
         policy, seed, got.curve(), len(got.arrived), got.placed, got.seconds, got.left, got.capacity_milli
     )

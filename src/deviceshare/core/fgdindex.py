@@ -10,11 +10,12 @@ seen before is unchanged, and only the nodes of new shards are compared (by iden
 from __future__ import annotations
 
 import bisect
+import collections
 from collections.abc import Callable, Mapping
 
+from deviceshare.core import fgd, snapshots
 from deviceshare.core import ledger as ledgers
-from deviceshare.core import snapshots
-from deviceshare.core.fragmentation import Signature
+from deviceshare.core.fragmentation import MILLI, Signature
 
 SignatureOf = Callable[[ledgers.NodeState], Signature]
 
@@ -37,6 +38,8 @@ class SignatureClasses:
         self.signatures: list[Signature] = []  # class id -> signature
         self._class: dict[str, int] = {}
         self._members: dict[int, list[str]] = {}
+        self._sizes: dict[str, tuple[int, int]] = {}  # open node -> (devices, CPU milli)
+        self._by_size: collections.Counter[tuple[int, int]] = collections.Counter()
 
     @property
     def classes(self) -> Mapping[int, list[str]]:
@@ -45,6 +48,20 @@ class SignatureClasses:
 
     def class_of(self, name: str) -> int:
         return self._class[name]
+
+    @property
+    def devices(self) -> int:
+        """The most devices of the resource on one open node (0 without any)."""
+        return max((devices for devices, _ in self._by_size), default=0)
+
+    def node_types(self) -> tuple[tuple[fgd.NodeType, tuple[int, int]], ...]:
+        """The open nodes' types (this resource, device count) with their devices' milli and most CPU, sorted."""
+        types: dict[fgd.NodeType, tuple[int, int]] = {}
+        for (devices, cpu), count in self._by_size.items():
+            if devices:
+                milli, most = types.get((self.resource, devices), (0, 0))
+                types[(self.resource, devices)] = (milli + count * devices * MILLI, max(most, cpu))
+        return tuple(sorted(types.items()))
 
     def update(self, snapshot: ledgers.LedgerSnapshot) -> None:
         """Catch up with ``snapshot``: only shards the ledger replaced since the last call are read."""
@@ -67,6 +84,10 @@ class SignatureClasses:
             del members[bisect.bisect_left(members, name)]
             if not members:
                 del self._members[previous]
+            size = self._sizes.pop(name)
+            self._by_size[size] -= 1
+            if not self._by_size[size]:
+                del self._by_size[size]
         if state is None:
             self._states.pop(name, None)
             return
@@ -80,3 +101,5 @@ class SignatureClasses:
             self.signatures.append(sig)
         self._class[name] = cid
         bisect.insort(self._members.setdefault(cid, []), name)
+        size = self._sizes[name] = (len(state.info.devices[self.resource]), state.info.cpu_milli)
+        self._by_size[size] += 1

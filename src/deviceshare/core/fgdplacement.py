@@ -1,13 +1,15 @@
-"""``schedulingStrategy: fgd``: the operator's fragmentation-aware placement (FGD, Weng et al. ATC'23).
+"""``schedulingStrategy: fgd``: the operator's fragmentation-aware placement (FGD, Weng et al. ATC'23, and ours).
 
 A :class:`FGDPlacement` is a :class:`placement.IndexedPolicy` (and, for reference, a plain
-:class:`placement.Policy` offered every feasible node: :meth:`FGDPlacement.choose`). For the
-group's leading resource (its shared resource, else the first by name) a node's state is FGD's
-signature: per-device free compute share in milli (a wholly free device 1000, a partly used one
-what its sharers left, a held device 0) and the node's free CPU. The node's fragmentation against the target workload
-(:mod:`workloadmix`, learned from the groups placed) is :mod:`fragmentation`'s measure, and the
-group goes where FGD's integer score (fragmentation growth, through a sigmoid) is best; equal
-scores go to the node whose name sorts first, a fixed order that is itself a packing force.
+:class:`placement.Policy` offered every feasible node: :meth:`FGDPlacement.choose`). It decides with the
+FGD engine (:mod:`fgd`, the one ``deviceshare simulate`` decides with; by default its best measured
+variant, :data:`fgd.BEST`): for the group's leading resource (its shared resource, else the first by
+name) a node's state is FGD's signature: per-device free compute share in milli (a wholly free device
+1000, a partly used one what its sharers left, a held device 0) and the node's free CPU, the resource
+standing for the GPU model. The engine measures it against the target workload (:mod:`workloadmix`,
+learned from the groups placed) and the open nodes' types (resource, device count), and the group goes
+where its score is best; equal scores go to the node whose name sorts first, a fixed order that is
+itself a packing force.
 
 - A whole-device group takes fully free devices, as ``binpack`` picks them (a contiguous run).
 - A compute share on one device takes the device whose free value scores best (first in
@@ -18,79 +20,38 @@ scores go to the node whose name sorts first, a fixed order that is itself a pac
 Many nodes are in the same state, so the decision rates *classes* of nodes (:mod:`fgdindex`, kept
 current from the snapshot's shards), each once per group shape for as long as the measure holds
 (when the mix moves, the next measure is rated a few classes per decision, :mod:`fgdratings`); a
-node's signature is cached against its (immutable, replaced on change) ledger state. The naive form
+node's signature is cached against its (immutable, replaced on change) ledger state, its free CPU
+counted up to the measure's horizon (:meth:`fgd.Measure.cpu_horizon`). The naive form
 (:meth:`FGDPlacement.choose`) still rates each distinct state only once per decision.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from deviceshare.api import models
-from deviceshare.core import capacity, fgdindex, fgdratings, inventory, linkscore, shareplacement, workloadmix
+from deviceshare.core import fgd, fgdgroups, fgdindex, fgdratings, inventory, linkscore, shareplacement, workloadmix
 from deviceshare.core import fragmentation as frag
 from deviceshare.core import ledger as ledgers
 from deviceshare.core import placement as placements
 
 _Rating = fgdratings.Rating
 REFRESH = 200  # placements after which the measure follows the drifted mix
-
-
-def lead_resource(request: placements.GroupRequest) -> str | None:
-    if request.share:
-        return min(request.share)
-    return min(request.resources) if request.resources else None
-
-
-def shape_of(resources: Mapping[str, int], share: Mapping[str, capacity.Share], cpu_milli: int) -> frag.Shape | None:
-    """The group's shape on its leading resource; None for a share without a compute part."""
-    if share:
-        resource = min(share)
-        milli = share[resource].compute_milli
-        if not milli:
-            return None
-        return frag.Shape(cpu_milli, min(milli, frag.MILLI), resources[resource], resource)
-    if not resources:
-        return frag.Shape(cpu_milli, 0, 0, "")
-    resource = min(resources)
-    return frag.Shape(cpu_milli, frag.MILLI, resources[resource], resource)
-
-
-def seed_histogram(
-    groups: Iterable[tuple[models.GroupSpec, Sequence[inventory.PodDemand]]],
-    half_life: float = workloadmix.DEFAULT_HALF_LIFE,
-) -> workloadmix.ShapeHistogram:
-    """The target workload at start: one count per existing group, CPU from its first member if any."""
-    shapes = []
-    for spec, pods in groups:
-        cpu = pods[0].cpu_milli if pods else 0
-        shape = shape_of(dict(spec.resources), capacity.shares_from_spec(spec.share), cpu)
-        if shape is not None:
-            shapes.append(shape)
-    return workloadmix.ShapeHistogram.seeded(shapes, half_life)
-
-
-def free_values(state: ledgers.NodeState, resource: str) -> dict[str, int]:
-    """Device -> free compute milli, in inventory order (held, mixed or tile-split devices: 0)."""
-    free = set(state.free.get(resource, ()))
-    left = {
-        d.device: max(d.compute_milli, 0)
-        for d in state.partial.get(resource, ())
-        if d.kind is capacity.Kind.SHARED
-    }
-    return {
-        d: frag.MILLI if d in free else left.get(d, 0) for d in state.info.devices.get(resource, ())
-    }
+# the group's side of the translation, re-exported for the operator (runtime.py) and tests
+lead_resource, shape_of, seed_histogram = fgdgroups.lead_resource, fgdgroups.shape_of, fgdgroups.seed_histogram
 
 
 class FGDPlacement:
     """The ``fgd`` strategy: FGD's node and device choice against a learned target workload."""
 
-    def __init__(self, histogram: workloadmix.ShapeHistogram | None = None, refresh: int = REFRESH) -> None:
+    def __init__(
+        self, histogram: workloadmix.ShapeHistogram | None = None, refresh: int = REFRESH, variant: str = fgd.BEST
+    ) -> None:
         if refresh < 1:
             raise ValueError(f"refresh must be at least 1 placement, got {refresh}")
+        if variant not in fgd.VARIANTS:
+            raise ValueError(f"unknown FGD variant {variant!r} (known: {', '.join(fgd.VARIANTS)})")
         self.refresh = refresh
         self.histogram = histogram if histogram is not None else workloadmix.ShapeHistogram()
         self._observed = 0  # placements seen since the current mix was last looked at
@@ -99,9 +60,13 @@ class FGDPlacement:
         self._classes: dict[str, fgdindex.SignatureClasses] = {}
         # the active measure and its ratings, and the next one rated a few per decision
         # the rating looked up per call, so that a test can count them
-        self.ratings = fgdratings.Ratings(lambda measure, sig, shape: fgdratings.rate(measure, sig, shape))
+        self.ratings = fgdratings.Ratings(
+            lambda measure, sig, shape: fgdratings.rate(measure, sig, shape), variant=fgd.VARIANTS[variant]
+        )
         self._fresh_shape = False  # a shape never seen before was placed since the mix was last looked at
-        self._cpu_cap = 1  # signatures clamp free CPU here (see :meth:`_cover`)
+        self._cpu_cap = 1  # signatures clamp free CPU here (see :meth:`_clamp`)
+        self._shape_cpu = 0  # the most CPU of any GPU shape seen (decided or placed)
+        self._horizons: dict[tuple[fgd.Measure, int], int] = {}  # (a book's measure, devices) -> its CPU horizon
         for seen in self.histogram.weights():
             self._cover(seen)
 
@@ -115,43 +80,106 @@ class FGDPlacement:
             self._observed += 1
         # Between placements, never during a decision: every decision until the next placement,
         # indexed or naive, sees the same measure.
-        self.ratings.swap_if_ready()
+        if self.ratings.swap_if_ready():
+            self._loosen()
         if self.ratings.active is not None and self.ratings.pending is None and (
             self._fresh_shape or self._observed >= self.refresh
         ):
             self._propose()
 
     def _cover(self, shape: frag.Shape) -> None:
-        """Keep the CPU clamp of signatures at least twice any GPU shape's CPU seen (decided or placed).
+        if shape.num_gpu:
+            self._shape_cpu = max(self._shape_cpu, shape.cpu_milli)
 
-        FGD's measure and a rating see a node's free CPU only through comparisons with shapes' CPU:
-        whether the shape fits, and which workload shapes still fit before and after it lands. Past
-        the largest workload shape's CPU plus the placed shape's, more free CPU changes nothing,
-        so nodes that differ only there share a class (and a rating): most of a cluster's nodes.
-        A larger shape raises the clamp (to a power of two) and the index starts over.
-        """
-        if shape.num_gpu and 2 * shape.cpu_milli > self._cpu_cap:
-            while 2 * shape.cpu_milli > self._cpu_cap:
-                self._cpu_cap *= 2
+    def _devices(self) -> int:
+        return max((c.devices for c in self._classes.values()), default=1)
+
+    def _needed(self, devices: int) -> int:
+        """The clamp the active and the pending measure need on nodes of up to ``devices`` devices."""
+        needed = self._shape_cpu
+        for book in (self.ratings.active, self.ratings.pending):
+            if book is not None:
+                key = (book.measure, devices)
+                horizon = self._horizons.get(key)
+                if horizon is None:
+                    if len(self._horizons) > 64:
+                        self._horizons.clear()
+                    horizon = self._horizons[key] = book.measure.cpu_horizon(devices)
+                needed = max(needed, horizon + self._shape_cpu)
+        return needed
+
+    def _loosen(self) -> None:
+        """A new measure took over: if it needs a clamp four times lower (an early mix, its CPU per GPU far
+        from today's, had raised it), lower it and start the index over, so that classes share again."""
+        needed = self._needed(self._devices())
+        if 4 * needed <= self._cpu_cap:
+            cap = 1
+            while needed > cap:
+                cap *= 2
+            self._cpu_cap = cap
             self._signatures.clear()
             self._classes.clear()
             self.ratings.clear()
+
+    def _clamp(self, devices: int) -> bool:
+        """Keep the CPU clamp of signatures past every rating's reach; True if it had to rise.
+
+        A rating sees a node's free CPU only up to the measure's horizon (:meth:`fgd.Measure.cpu_horizon`:
+        which workload shapes fit, how many sharers the node could host, what its idle GPU needs) plus
+        the rated shape's CPU; past it, more free CPU changes nothing, so nodes that differ only there
+        share a class (and a rating): most of a cluster's nodes. The clamp covers the active and the
+        pending measure on nodes of up to ``devices`` devices and the largest shape seen; when it must
+        rise (to a power of two) the index starts over.
+        """
+        needed = self._needed(devices)
+        if needed <= self._cpu_cap:
+            return False
+        while needed > self._cpu_cap:
+            self._cpu_cap *= 2
+        self._signatures.clear()
+        self._classes.clear()
+        self.ratings.clear()
+        return True
+
+    def _index(self, snapshot: ledgers.LedgerSnapshot, resource: str) -> fgdindex.SignatureClasses:
+        """The resource's classes, caught up with ``snapshot`` under a clamp that covers every measure."""
+        if len(self._signatures) > self._signature_room:  # counting nodes costs: only past the last count
+            self._signature_room = 4 * len(snapshot.nodes) + 64
+            if len(self._signatures) > self._signature_room:
+                self._signatures.clear()  # nodes came and went: drop the dead entries
+        while True:
+            classes = self._classes.get(resource)
+            if classes is not None and len(classes.signatures) > 4 * len(classes.classes) + 4096:
+                classes = None  # states long gone pile up as ids: start the index over
+                self.ratings.clear()
+            if classes is None:
+                classes = self._classes[resource] = fgdindex.SignatureClasses(
+                    resource, lambda state: self.signature(state, resource)
+                )
+            classes.update(snapshot)
+            self.measure()
+            if not self._clamp(self._devices()):
+                return classes
+
+    def _node_types(self) -> tuple[tuple[fgd.NodeType, tuple[int, int]], ...]:
+        return tuple(sorted(t for index in self._classes.values() for t in index.node_types()))
 
     def _propose(self) -> None:
         """Hand the current mix to the ratings (rated in the background, or at once if none is active)."""
         weights = self.histogram.weights()
         expected = sorted(weights, key=lambda s: -weights[s])  # the frequent shapes' turns come first
-        self.ratings.propose(self.histogram.workload(), expected)
+        self.ratings.propose((self.histogram.workload(), self._node_types()), expected)
         self._observed, self._fresh_shape = 0, False
 
-    def measure(self) -> frag.Fragmentation:
-        """The measure decisions use now: the target workload's as of the last switch.
+    def measure(self) -> fgd.Measure:
+        """The measure decisions use now: the target workload's and the node types' as of the last switch.
 
         The mix is looked at again when a shape new to the histogram was placed, or after
-        ``refresh`` placements (shapes that faded out leave then): weights drift with every
-        placement, and re-rating every node state for a drift of a fraction of a percent would cost
-        more than it changes. A changed mix is rated in the background and takes over once done
-        (:mod:`fgdratings`); the first decision takes the mix as it is.
+        ``refresh`` placements (shapes that faded out leave then; the node types are taken anew then
+        too): weights drift with every placement, and re-rating every node state for a drift of a
+        fraction of a percent would cost more than it changes. A changed mix is rated in the
+        background and takes over once done (:mod:`fgdratings`); the first decision takes the mix as
+        it is.
         """
         if self.ratings.active is None:
             self._propose()
@@ -177,19 +205,7 @@ class FGDPlacement:
         if resource is None or shape is None or shape.num_gpu == 0:  # nothing for FGD to weigh: binpack
             return placements.place_on(snapshot, request, pod)
         self._cover(shape)
-        if len(self._signatures) > self._signature_room:  # counting nodes costs: only past the last count
-            self._signature_room = 4 * len(snapshot.nodes) + 64
-            if len(self._signatures) > self._signature_room:
-                self._signatures.clear()  # nodes came and went: drop the dead entries
-        classes = self._classes.get(resource)
-        if classes is not None and len(classes.signatures) > 4 * len(classes.classes) + 4096:
-            classes = None  # states long gone pile up as ids: start the index over
-            self.ratings.clear()
-        if classes is None:
-            classes = self._classes[resource] = fgdindex.SignatureClasses(
-                resource, lambda state: self.signature(state, resource)
-            )
-        classes.update(snapshot)
+        classes = self._index(snapshot, resource)
         measure = self.measure()
         self.ratings.tend(self._classes)
         book = self.ratings.active
@@ -229,7 +245,7 @@ class FGDPlacement:
         cached = self._signatures.get(key)
         if cached is not None and cached[0] is state:
             return cached[1]
-        values = free_values(state, resource).values()
+        values = fgdgroups.free_values(state, resource).values()
         sig = frag.signature_of(resource, min(state.info.cpu_milli - state.cpu_used, self._cpu_cap), values)
         self._signatures[key] = (state, sig)
         return sig
@@ -255,8 +271,7 @@ class FGDPlacement:
         if resource is None or shape is None or shape.num_gpu == 0:
             return self._fallback(snapshot, request, feasible)
         self._cover(shape)
-        if len(self._signatures) > 4 * len(snapshot.nodes) + 64:
-            self._signatures.clear()  # nodes came and went: drop the dead entries
+        self._index(snapshot, resource)  # the same clamp and node types as the indexed walk
         measure = self.measure()
         rated: dict[frag.Signature, _Rating | None] = {}
         best: ledgers.NodeState | None = None
@@ -286,7 +301,7 @@ class FGDPlacement:
     ) -> placements.Placement:
         chosen = placements.device_choice(state, request, snapshot.revision)
         if request.share and shape.num_gpu == 1:
-            device = _device_for(state, resource, request.share[resource], rating[1])
+            device = fgdgroups.device_for(state, resource, request.share[resource], rating[1])
             if device is not None:
                 chosen = placements.Placement(
                     state.info.name, {**chosen.devices, resource: (device,)}, snapshot.revision, chosen.tiles
@@ -331,21 +346,3 @@ class _ForPod(_Naive):
         fits: Callable[[ledgers.NodeState], bool],
     ) -> placements.Placement | placements.Unschedulable:
         return self.policy.place(snapshot, request, pod, fits)
-
-
-def _device_for(
-    state: ledgers.NodeState, resource: str, share: capacity.Share, values: tuple[int, ...]
-) -> str | None:
-    """The first device (inventory order) with a best-scoring free value that really takes the share."""
-    partial = {d.device: d for d in state.partial.get(resource, ())}
-    free = set(state.free.get(resource, ()))
-    memory_cap, tiles_cap = state.info.device_memory.get(resource), state.info.device_tiles.get(resource, 0)
-    for device, value in free_values(state, resource).items():
-        if value not in values:
-            continue
-        left = partial.get(device)
-        if left is None and device in free:
-            left = capacity.fresh(device, memory_cap, tiles_cap, share.kind)
-        if left is not None and capacity.fits(left, share):
-            return device
-    return None

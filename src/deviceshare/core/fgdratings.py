@@ -27,39 +27,45 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from deviceshare.core import fgdindex
+from deviceshare.core import fgd, fgdindex
 from deviceshare.core import fragmentation as frag
 
-Rating = tuple[int, tuple[int, ...]]  # (score, free values of the preferred devices)
-RateFn = Callable[[frag.Fragmentation, frag.Signature, frag.Shape], Rating | None]
+Rating = fgd.Rating  # (score, free values of the preferred devices)
+RateFn = Callable[[fgd.Measure, frag.Signature, frag.Shape], Rating | None]
 BUDGET = 40  # work units per decision for the background ratings
 _FITS, _MISSES, _SCANS = 12, 1, 16  # units: a rating that fits, one that does not; classes scanned per unit
+
+
+Inputs = tuple[tuple[frag.WeightedShape, ...], tuple[tuple[fgd.NodeType, tuple[int, int]], ...]]  # workload, types
 
 
 @dataclass(slots=True)
 class Book:
     """One measure and what it has rated: shape -> class id -> rating (None: does not fit).
 
+    ``inputs``: what the measure was built from (the target workload and the node types, sorted).
     ``marks[shape]``: every open class with a lower id had been rated for the shape (at the time).
     """
 
-    workload: tuple[frag.WeightedShape, ...]
-    measure: frag.Fragmentation
+    inputs: Inputs
+    measure: fgd.Measure
     ratings: dict[frag.Shape, dict[int, Rating | None]] = field(default_factory=dict)
     marks: dict[frag.Shape, int] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, workload: tuple[frag.WeightedShape, ...]) -> Book:
-        return cls(workload, frag.Fragmentation(workload))
+    def of(cls, variant: fgd.Variant, inputs: Inputs) -> Book:
+        workload, types = inputs
+        return cls(inputs, fgd.Measure(variant, workload, dict(types)))
 
 
 class Ratings:
     """The active measure's ratings, and the pending measure's being filled in a few per decision."""
 
-    def __init__(self, rate: RateFn, budget: int = BUDGET) -> None:
+    def __init__(self, rate: RateFn, budget: int = BUDGET, variant: fgd.Variant | None = None) -> None:
         if budget < 1:
             raise ValueError(f"budget must be at least 1, got {budget}")
         self._rate = rate
+        self.variant = variant if variant is not None else fgd.VARIANTS[fgd.BEST]
         self.budget = budget
         self.active: Book | None = None
         self.pending: Book | None = None
@@ -68,13 +74,13 @@ class Ratings:
         self._tidy = 0  # the catch-up rotation: index into _shapes
         self._clean: tuple[int, int] | None = None  # (book id, class ids in all indexes) when nothing was left
 
-    def activate(self, workload: tuple[frag.WeightedShape, ...]) -> Book:
+    def activate(self, inputs: Inputs) -> Book:
         """Replace the measure now, every rating dropped (the first decision: nothing to serve meanwhile)."""
-        self.active, self.pending, self._clean = Book.of(workload), None, None
+        self.active, self.pending, self._clean = Book.of(self.variant, inputs), None, None
         return self.active
 
-    def propose(self, workload: tuple[frag.WeightedShape, ...], shapes: Iterable[frag.Shape]) -> None:
-        """The mix moved: rate ``workload``'s measure in the background, then switch (no-op if unchanged).
+    def propose(self, inputs: Inputs, shapes: Iterable[frag.Shape]) -> None:
+        """The mix moved: rate the measure of ``inputs`` in the background, then switch (no-op if unchanged).
 
         ``shapes`` are those to rate ahead (the ones expected to arrive); a pending measure under way
         is left to finish, so that a steady stream of changes cannot keep it from ever taking over.
@@ -83,9 +89,9 @@ class Ratings:
             return
         self._shapes = [s for s in shapes if s.num_gpu > 0]
         if self.active is None:
-            self.activate(workload)
-        elif workload != self.active.workload:
-            self.pending, self._turn = Book.of(workload), 0
+            self.activate(inputs)
+        elif inputs != self.active.inputs:
+            self.pending, self._turn = Book.of(self.variant, inputs), 0
 
     @property
     def ready(self) -> bool:
@@ -181,22 +187,6 @@ class Ratings:
         return left
 
 
-def rate(measure: frag.Fragmentation, sig: frag.Signature, shape: frag.Shape) -> Rating | None:
-    """FGD's score of the best placement on a node in state ``sig``; None if the shape does not fit it."""
-    gpus, need = sig[2], shape.num_gpu
-    # most (state, shape) pairs do not fit: tell at once (``gpus`` is sorted, most free first)
-    if sig[1] < shape.cpu_milli or (need and (len(gpus) < need or gpus[need - 1] < shape.gpu_milli)):
-        return None
-    fitting = [v for v in gpus if v >= shape.gpu_milli]
-    before = measure(sig)
-    if shape.gpu_milli >= frag.MILLI:
-        return frag.sigmoid_score(before, measure(frag.after_whole(sig, shape))), ()
-    if shape.num_gpu > 1:  # a share on several devices: the tightest that fit, as binpack takes them
-        rest = list(gpus)
-        for value in sorted(fitting)[: shape.num_gpu]:
-            rest[rest.index(value)] -= shape.gpu_milli
-        after = frag.signature_of(sig[0], sig[1] - shape.cpu_milli, rest)
-        return frag.sigmoid_score(before, measure(after)), ()
-    scored = {v: frag.sigmoid_score(before, measure(frag.after_share(sig, shape, v))) for v in set(fitting)}
-    top = max(scored.values())
-    return top, tuple(sorted(v for v, s in scored.items() if s == top))
+def rate(measure: fgd.Measure, sig: frag.Signature, shape: frag.Shape) -> Rating | None:
+    """The FGD engine's rating of a node in state ``sig`` (:meth:`fgd.Measure.rate`); None if the shape does not fit."""
+    return measure.rate(sig, shape)

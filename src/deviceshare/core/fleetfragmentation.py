@@ -1,8 +1,8 @@
 """The cluster's fragmentation per device resource, kept current from the ledger's node changes.
 
-An on-call engineer asks "how fragmented are the GPUs?". The answer here is FGD's measure, the one
-``deviceshare simulate`` and ``schedulingStrategy: fgd`` use (:mod:`fragmentation`), summed over the
-open nodes (shared, Ready, schedulable, with a sound inventory) and divided by their idle capacity:
+An on-call engineer asks "how fragmented are the GPUs?". The answer here is FGD's measure as the paper
+defines it (:mod:`fragmentation`; ``schedulingStrategy: fgd`` decides with our variant, :mod:`fgd`), summed
+over the open nodes (shared, Ready, schedulable, with a sound inventory) and divided by their idle capacity:
 the share of idle device compute that the expected workload could not use, 0..1 (the FGD paper's
 *fragmentation rate*). A node's state is FGD's signature on that resource (per-device free compute
 milli, the node's free CPU); the expected workload is the operator's learned mix
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from deviceshare.core import fgdplacement, snapshots
+from deviceshare.core import fgdgroups, snapshots
 from deviceshare.core import fragmentation as frag
 
 Workload = tuple[frag.WeightedShape, ...]
@@ -41,7 +41,7 @@ def entries(state: snapshots.NodeState | None) -> tuple[_Entry, ...]:
         return ()
     cpu_free = state.info.cpu_milli - state.cpu_used
     return tuple(
-        (resource, frag.signature_of(resource, cpu_free, fgdplacement.free_values(state, resource).values()))
+        (resource, frag.signature_of(resource, cpu_free, fgdgroups.free_values(state, resource).values()))
         for resource, ids in sorted(state.info.devices.items())
         if ids
     )

@@ -100,6 +100,10 @@ def target_workload(shapes: Iterable[Shape], coverage: float = 0.95) -> tuple[We
     return tuple(WeightedShape(shape, count / covered) for shape, count in chosen)
 
 
+# a GPU shape on one GPU state (see Fragmentation._direct_rows)
+_DirectRow = tuple[float, int, bool, float, float, int, int, int]
+
+
 @dataclass(frozen=True, slots=True)
 class _CpuTable:
     idle: int
@@ -119,11 +123,13 @@ class Fragmentation:
         memo: bool = True,
         shares_only: bool = False,
         balance: float = 0.0,
+        fill_cpu: bool = True,
     ) -> None:
         self.workload = tuple(workload)
         self.fill_ahead = fill_ahead  # 0: the paper's measure; see :meth:`compute`
         self.shares_only = shares_only  # fill ahead for GPU-sharing shapes only (``fgd-fill-share``)
         self.balance = balance  # weight of the unfed GPU (``fgd-balance``); see :meth:`unfed`
+        self.fill_cpu = fill_cpu  # False: a fill ahead counts the GPUs only (the node's CPU left to ``balance``)
         gpu_milli = sum(w.weight * w.shape.total_gpu_milli for w in self.workload if w.shape.gpu_milli > 0)
         gpu_cpu = sum(w.weight * w.shape.cpu_milli for w in self.workload if w.shape.gpu_milli > 0)
         self._cpu_per_milli = gpu_cpu / gpu_milli if gpu_milli else 0.0
@@ -136,7 +142,13 @@ class Fragmentation:
         )
         self._memo: dict[Signature, float] = {}
         self._tables: dict[tuple[str, tuple[int, ...]], _CpuTable] = {}
+        self._direct: dict[tuple[str, tuple[int, ...]], tuple[int, float, list[_DirectRow]]] = {}
         self._use_memo = memo  # False: recompute every time (the naive reference in the bench)
+
+    @property
+    def cpu_per_milli(self) -> float:
+        """The workload's GPU shapes' CPU per milli of GPU, weighted by popularity and GPU size."""
+        return self._cpu_per_milli
 
     def __call__(self, signature: Signature) -> float:
         if not self._use_memo:
@@ -224,20 +236,44 @@ class Fragmentation:
         leave: on a node with 8 free GPUs and 24 free cores, a 12-core one-GPU shape fits, so no
         GPU counts as fragment, yet 6 of the GPUs can never be used by it. Filling the node with
         that shape alone (as many as GPUs and CPU allow) and counting the idle GPU left gives the
-        fill-ahead fragment; ``fill_ahead`` blends it with the paper's (0: the paper's only).
+        fill-ahead fragment; ``fill_ahead`` blends it with the paper's (0: the paper's only). Without
+        ``fill_cpu`` the filling counts GPUs only: the node's CPU then reaches the measure through the
+        shapes' fit and ``balance`` alone, so free CPU matters up to far less (see ``fgd.Measure.cpu_horizon``).
         With ``shares_only`` the blend applies to GPU-sharing shapes only (whole-GPU shapes keep
         the paper's fragment): sharing shapes are where a node's leftovers are crumbs.
         """
         model, cpu_free, gpus = signature
-        idle = sum(gpus)
+        rows = self._direct.get((model, gpus)) if self._use_memo else None
+        if rows is None:
+            rows = self._direct_rows(model, gpus)
+            if self._use_memo:
+                self._direct[(model, gpus)] = rows
+        idle, frag, shapes = rows
         if idle == 0:
             return 0.0
-        frag = self._always * idle
+        for whole, cpu, gone, weight, ahead, small, by_gpu, taken in shapes:  # in the workload's order
+            if gone or cpu_free < cpu:
+                frag += whole
+            elif ahead:
+                hosted = min(by_gpu, cpu_free // cpu) if cpu and self.fill_cpu else by_gpu
+                frag += weight * (ahead * (idle - hosted * taken) + (1 - ahead) * small)
+            else:
+                frag += weight * small
+        return frag
+
+    def _direct_rows(self, model: str, gpus: tuple[int, ...]) -> tuple[int, float, list[_DirectRow]]:
+        """For one GPU state, what :meth:`compute_direct` needs of each shape whatever the free CPU.
+
+        (idle, the CPU-only shapes' fragment, per GPU shape: its fragment when it cannot come at all,
+        its CPU, whether the GPUs or the model already keep it out, its weight, blend, GPU-side
+        fragment, how many the GPUs could host and the milli one takes). GPU states repeat far more
+        than (GPU state, CPU) pairs; the sums keep the order of the shape-by-shape definition, so the
+        result is the same to the last bit.
+        """
+        idle = sum(gpus)
+        shapes: list[_DirectRow] = []
         for weight, cpu, milli, num, models in self._gpu_shapes:
             ahead = 0.0 if self.shares_only and milli >= MILLI else self.fill_ahead
-            if cpu_free < cpu or (models and model not in models):
-                frag += weight * idle
-                continue
             fitting = 0
             small = 0
             for free in gpus:
@@ -245,15 +281,10 @@ class Fragmentation:
                     fitting += 1
                 else:
                     small += free
-            if fitting < num:
-                frag += weight * idle
-            elif ahead:
-                by_gpu = sum(free // milli for free in gpus) // num
-                hosted = min(by_gpu, cpu_free // cpu) if cpu else by_gpu
-                frag += weight * (ahead * (idle - hosted * milli * num) + (1 - ahead) * small)
-            else:
-                frag += weight * small
-        return frag
+            gone = bool(models and model not in models) or fitting < num
+            by_gpu = sum(free // milli for free in gpus) // num if ahead and not gone else 0
+            shapes.append((weight * idle, cpu, gone, weight, ahead, small, by_gpu, milli * num))
+        return idle, self._always * idle, shapes
 
 
 def sigmoid_score(before: float, after: float) -> int:

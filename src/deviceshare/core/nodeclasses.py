@@ -14,10 +14,9 @@ workload's shapes up front: every decision's catch-up stays bounded.
 
 Memory is a hard filter but in no score, so it is checked per node inside the best class.
 
-For the operator (not wired yet): build a :class:`Cluster` from the ledger's shared nodes (GPU
-model label, allocatable CPU/memory, per-device free share), a :class:`policies.FGDPolicy` whose
-target workload is a decaying histogram of the group shapes seen (seeded from the current groups
-at start), then call :meth:`Cluster.decide` per group and :meth:`Cluster.bind` once it is bound.
+The operator rates with the same FGD engine (:mod:`fgd`) through its own index of the ledger's nodes
+(:mod:`fgdindex`, :mod:`fgdplacement`): on the same state both choose the same node and GPUs
+(``tests/core/test_fgd_agreement.py``).
 """
 
 from __future__ import annotations

@@ -9,9 +9,11 @@ GPUs it prefers; the node's first GPU with one of those values gets the pod. CPU
 hard filters (memory is checked by the engine, per node), never part of a score.
 
 Scores follow the artifact's plugins (``best_fit_score.go``, ``gpu_packing_score.go``,
-``fgd_score.go``); the GPU inside a node follows its GPU selection: the tightest GPU that fits
-for best-fit and packing, the first GPU with the best score for FGD, a random fitting GPU for
-random; whole-GPU pods take the lowest-indexed fully free GPUs.
+``fgd_score.go``); FGD and ours are the FGD engine's (:mod:`fgd`), the one the operator decides with.
+The GPU inside a node follows the artifact's GPU selection: the tightest GPU that fits for best-fit
+and packing, the first GPU with the best score for FGD, a random fitting GPU for random; whole-GPU
+pods take fully free GPUs as the operator does (a contiguous run where one exists: the same free
+counts as the artifact's lowest indices, so the same figures).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from deviceshare.core import fragmentation as frag
+from deviceshare.core import fgd
 from deviceshare.core.fragmentation import MILLI, Shape, Signature
 
 
@@ -38,21 +40,7 @@ class Policy(Protocol):
     def evaluate(self, signature: Signature, shape: Shape) -> Choice | None: ...
 
 
-def fits(signature: Signature, shape: Shape) -> bool:
-    """CPU, GPU model and GPU count (memory is per node, checked by the engine)."""
-    model, cpu_free, gpus = signature
-    if cpu_free < shape.cpu_milli:
-        return False
-    if shape.num_gpu == 0:
-        return True
-    if not gpus or not shape.allows(model):
-        return False
-    fitting = 0
-    for free in gpus:  # descending
-        if free < shape.gpu_milli:
-            break
-        fitting += 1
-    return fitting >= shape.num_gpu
+fits = fgd.fits  # CPU, GPU model and GPU count (memory is per node, checked by the engine)
 
 
 def tightest(gpus: Sequence[int], milli: int) -> int:
@@ -61,16 +49,11 @@ def tightest(gpus: Sequence[int], milli: int) -> int:
 
 
 def pick_gpus(gpus: Sequence[int], shape: Shape, choice: Choice, rng: random.Random | None = None) -> tuple[int, ...]:
-    """GPU indices on a node (``gpus`` in index order) for a pod the node was chosen for."""
-    if shape.num_gpu == 0:
-        return ()
-    if not shape.is_share:
-        free = [i for i, g in enumerate(gpus) if g >= shape.gpu_milli]
-        return tuple(free[: shape.num_gpu])
-    if rng is not None:  # random GPU selection
+    """GPU indices on a node (``gpus`` in index order) for a pod the node was chosen for: the FGD engine's
+    rule (:func:`fgd.device_indices`), or, for the random policy (``rng``), a random fitting GPU for a share."""
+    if rng is not None and shape.num_gpu == 1 and shape.gpu_milli < MILLI:
         return (rng.choice([i for i, g in enumerate(gpus) if g >= shape.gpu_milli]),)
-    wanted = set(choice.gpu_values)
-    return (next(i for i, g in enumerate(gpus) if g in wanted and g >= shape.gpu_milli),)
+    return fgd.device_indices(gpus, shape, choice.gpu_values)
 
 
 class RandomPolicy:
@@ -123,25 +106,15 @@ class PackingPolicy:
 
 
 class FGDPolicy:
-    """Fragmentation gradient descent: the placement that increases fragmentation least."""
+    """Fragmentation gradient descent and our variants: the FGD engine's rating (:class:`fgd.Measure`)."""
 
     name = "fgd"
     randomized = False
 
-    def __init__(self, measure: frag.Fragmentation, name: str = "fgd") -> None:
+    def __init__(self, measure: fgd.Measure, name: str = "fgd") -> None:
         self.measure = measure
         self.name = name
 
     def evaluate(self, signature: Signature, shape: Shape) -> Choice | None:
-        if not fits(signature, shape):
-            return None
-        before = self.measure(signature)
-        if not shape.is_share:
-            return Choice(frag.sigmoid_score(before, self.measure(frag.after_whole(signature, shape))))
-        scored = {
-            value: frag.sigmoid_score(before, self.measure(frag.after_share(signature, shape, value)))
-            for value in set(signature[2])
-            if value >= shape.gpu_milli
-        }
-        best = max(scored.values())
-        return Choice(best, tuple(v for v, s in scored.items() if s == best))
+        got = self.measure.rate(signature, shape)
+        return None if got is None else Choice(*got)
