@@ -6,6 +6,7 @@ back) and the operator neither crashes nor loops, nor lets the bad input reach a
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import time
@@ -141,19 +142,19 @@ async def test_malformed_node_inventories_offer_nothing_and_say_why(cluster: Any
             assert cond["status"] == "False"
             assert "invalid device inventory" in cond["message"], (case, cond)
         # No hot loop: a refused pod is parked, and decided again only after its backoff (doubling from
-        # backoff_initial to backoff_max), at the periodic flush, or both. That is a budget of decisions
-        # for any window; a slow machine only makes fewer. The window: until one of them was decided twice.
+        # backoff_initial to backoff_max), at the periodic flush, or both. That is a budget of decisions for
+        # any window of time; a slow machine only makes fewer. (A window counted in the pods' own decisions,
+        # or their events, would let a loop that is hot for every pod pass.)
         config, decisions = running.config, running.runtime.ctx.metrics.placements.labels("unschedulable")
-        first = f"{next(iter(BAD_INVENTORIES))}-0"
-        seen = workload.failed_scheduling(cluster, NS, first)
         before, started = decisions._value.get(), time.monotonic()
-        await workload.until(lambda: workload.failed_scheduling(cluster, NS, first) >= seen + 2,
-                             f"{first} decided twice more")
+        await asyncio.sleep(2 * config.unschedulable_flush)  # deliberate: the window lasts two flush periods...
+        await workload.until(lambda: decisions._value.get() - before >= len(BAD_INVENTORIES),  # ...and has decisions
+                             "each refused pod decided again (on average)")
         made, window = decisions._value.get() - before, time.monotonic() - started
         doublings = math.ceil(math.log2(config.backoff_max / config.backoff_initial)) + 1
         per_pod = doublings + window / config.backoff_max + window / config.unschedulable_flush + 2
         budget = len(BAD_INVENTORIES) * per_pod
-        assert 2 <= made <= budget, f"{made} decisions in {window:.1f}s, budget {budget:.0f}: a hot loop"
+        assert made <= budget, f"{made} decisions in {window:.1f}s, budget {budget:.0f}: a hot loop"
         assert running.alive
         assert len(workload.bound_pods(cluster, NS)) == 1
     finally:
