@@ -5,8 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# No per-example deadline and no "too slow" health check: how long an example takes is the machine's
+# speed, not a property of the code (issue 21). A test's own @settings still sets its example count.
+settings.register_profile("deviceshare", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("deviceshare")
 
 
 @pytest.fixture(scope="session")

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from deviceshare.cli import demo
+from tests import waiting
 
 
 async def test_demo_binds_every_example_pod_with_wired_devices(
@@ -16,7 +17,7 @@ async def test_demo_binds_every_example_pod_with_wired_devices(
 ) -> None:
     args = argparse.Namespace(
         nodes=4, gpus=8, examples=repo_root / "examples", kubeconfig=tmp_path / "kubeconfig",
-        timeout=30.0, keep_running=False,
+        timeout=waiting.HANG_GUARD, keep_running=False,  # a hang guard: the demo waits for every pod
     )
     assert await demo.demo(args) == 0
     out = capsys.readouterr().out

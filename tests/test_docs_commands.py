@@ -94,7 +94,7 @@ class Terminal:
         while not re.search(until, "".join(lines)):
             assert proc.poll() is None, f"this background block exited ({proc.returncode}):\n{body}\n{''.join(lines)}"
             assert time.monotonic() < deadline, f"no {until!r} within {timeout} s from:\n{body}\n{''.join(lines)}"
-            time.sleep(0.1)
+            time.sleep(0.1)  # the poll of a background block's output (deadline above)
 
     def stop(self) -> None:
         for proc, _ in self.background:

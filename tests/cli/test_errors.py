@@ -1,7 +1,8 @@
-"""The console script as a user meets it: fatal settings end at once with one line, help is fast and complete.
+"""The console script as a user meets it: fatal settings end at once with one line, help is light and complete.
 
 Every command runs as a real process (``python -m deviceshare``) with a clean environment: no KUBECONFIG,
-an empty HOME, not in a cluster.
+an empty HOME, not in a cluster. "At once" is checked as "without a retry" (no retry line, the process
+ended by itself); how many seconds these take is measured in ``make bench`` (benchmarks/bench_startup.py).
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -21,6 +21,7 @@ import yaml
 from deviceshare import cli
 from deviceshare.sandbox import Sandbox
 from deviceshare.webhooks import certs
+from tests import waiting
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 HEAVY = ("kopf", "aiohttp", "kubernetes_asyncio", "kmock", "pydantic", "prometheus_client", "cryptography", "celpy")
@@ -35,7 +36,9 @@ def env(tmp_path: Path) -> dict[str, str]:
     return {**clean, "HOME": str(home), "PYTHONPATH": str(SRC)}
 
 
-def deviceshare(env: dict[str, str], *argv: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+def deviceshare(
+    env: dict[str, str], *argv: str, timeout: float = waiting.HANG_GUARD
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "deviceshare", *argv], env=env, capture_output=True, text=True,
                           timeout=timeout, check=False)
 
@@ -93,11 +96,9 @@ def test_inspect_with_a_context_that_does_not_exist(env: dict[str, str], tmp_pat
     assert_one_line(result, code=2, names=("'nosuch'",))
 
 
-def test_operator_with_a_missing_kubeconfig_exits_within_seconds(env: dict[str, str]) -> None:
-    started = time.monotonic()
+def test_operator_with_a_missing_kubeconfig_exits_without_retrying(env: dict[str, str]) -> None:
     result = deviceshare(env, "operator", "--kubeconfig", "/nope/config")
-    assert time.monotonic() - started < 10
-    assert_one_line(result, code=2, names=("/nope/config", "--kubeconfig"))
+    assert_one_line(result, code=2, names=("/nope/config", "--kubeconfig"))  # one line: no "cannot start yet"
 
 
 def test_operator_with_a_missing_context(env: dict[str, str], tmp_path: Path) -> None:
@@ -106,12 +107,11 @@ def test_operator_with_a_missing_context(env: dict[str, str], tmp_path: Path) ->
 
 
 def test_operator_on_a_taken_metrics_port(env: dict[str, str], tmp_path: Path, taken_port: int) -> None:
-    started = time.monotonic()
     result = deviceshare(env, "operator", "--kubeconfig", str(kubeconfig(tmp_path / "k")),
                          "--metrics-host", "127.0.0.1", "--metrics-port", str(taken_port))
-    assert time.monotonic() - started < 10
     line = result.stderr.strip().splitlines()[-1]
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert "cannot start yet" not in result.stderr  # no retry: a port held by another process stays held
     assert str(taken_port) in line and "--metrics-port" in line
 
 
@@ -133,12 +133,13 @@ async def test_a_closed_pipe_ends_quietly(env: dict[str, str], tmp_path: Path) -
             f"{sys.executable} -m deviceshare inspect --kubeconfig {cluster.kubeconfig} | head -5",
             env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         )
-        out, err = await asyncio.wait_for(proc.communicate(), 60)
+        out, err = await asyncio.wait_for(proc.communicate(), waiting.HANG_GUARD)
     assert len(out.decode().splitlines()) == 5
     assert err.decode() == ""
 
 
-def test_help_imports_nothing_heavy_and_is_fast(env: dict[str, str]) -> None:
+def test_help_imports_nothing_heavy(env: dict[str, str]) -> None:
+    """What keeps ``--help`` fast (each of these costs a fraction of a second to import); its time is benched."""
     probe = (
         "import sys\nfrom deviceshare import cli\n"
         "try:\n    cli.main(['--help'])\nexcept SystemExit:\n    pass\n"
@@ -147,14 +148,6 @@ def test_help_imports_nothing_heavy_and_is_fast(env: dict[str, str]) -> None:
     result = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
     assert result.stderr.strip() == "[]"
     assert "operator" in result.stdout
-    best = min(_timed(env, "--help") for _ in range(3))
-    assert best < 0.5, f"deviceshare --help took {best:.2f}s"
-
-
-def _timed(env: dict[str, str], *argv: str) -> float:
-    started = time.perf_counter()
-    assert deviceshare(env, *argv).returncode == 0
-    return time.perf_counter() - started
 
 
 def _subcommands() -> dict[str, argparse.ArgumentParser]:

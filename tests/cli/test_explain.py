@@ -142,7 +142,7 @@ async def test_a_share_that_does_not_fit_names_the_capacity_and_what_is_left(
         await kube.create_group("ml", f"s{i}", {GPU: 1}, share={GPU: {"memory": "60Gi"}})
         await kube.create_pod("ml", f"s{i}-0", f"s{i}")
     await kube.wait_for(lambda: len([p for p in cluster.list("pods", "ml") if p["spec"].get("nodeName")]) == 32,
-                        "32 shares placed", timeout=20)
+                        "32 shares placed")
     await kube.create_group("ml", "late", {GPU: 1}, share={GPU: {"memory": "60Gi", "compute": "100m"}})
     await kube.create_pod("ml", "late-0", "late")
     pod = await _wait_unschedulable(kube, "ml", "late-0")

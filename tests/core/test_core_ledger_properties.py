@@ -13,10 +13,12 @@ import contextlib
 import sys
 import threading
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+from tests import waiting
 from tests.core import builders
 
 from deviceshare.core import inventory, ledger, placement
@@ -140,14 +142,66 @@ def fast_thread_switching() -> Iterator[None]:
         sys.setswitchinterval(previous)
 
 
-def interleaved(worker: Callable[[int], None], threads: int) -> None:
-    """Run ``worker(0)`` .. ``worker(threads - 1)`` in threads at once, switching every few microseconds."""
+def interleaved(book: ledger.DeviceLedger, worker: Callable[[int, Callable[[], None]], None], threads: int) -> int:
+    """Run ``worker(t, step)`` for t in 0 .. threads - 1 in threads at once, in lockstep; the reservation
+    conflicts seen (decisions made on a snapshot another thread's reservation overtook).
+
+    Each worker calls ``step()`` before each operation. The first snapshot a thread takes in a step waits
+    until every thread has taken its own: all decide on the same revision and then reserve at once, so the
+    race between deciding and reserving happens in every step by construction, not when the operating
+    system happens to switch threads at the right moment (on a busy machine it often does not, and the
+    threads ran one after another).
+    """
+    aligned = threading.Barrier(threads, timeout=waiting.HANG_GUARD)
+    local = threading.local()
+    counts = collections.Counter[str]()  # conflicts, steps, waits
+    counting = threading.Lock()  # += is no atomic step with threads switching every microsecond
+
+    def count(what: str) -> None:
+        with counting:
+            counts[what] += 1
+
+    take_snapshot, reserve = book.snapshot, book.reserve
+
+    def snapshot() -> Any:
+        taken = take_snapshot()
+        if getattr(local, "waiting", False):
+            local.waiting = False
+            aligned.wait()
+            count("waits")
+        return taken
+
+    def counted_reserve(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return reserve(*args, **kwargs)
+        except ledger.DeviceConflict:
+            count("conflicts")
+            raise
+
+    def step() -> None:
+        local.waiting = True
+        count("steps")
+
+    book.snapshot, book.reserve = snapshot, counted_reserve  # type: ignore[method-assign]
+    errors: list[BaseException] = []
+
+    def run(t: int) -> None:
+        try:
+            worker(t, step)
+        except BaseException as exc:
+            errors.append(exc)
+            aligned.abort()  # the others stop waiting for it
+
     with fast_thread_switching():
-        workers = [threading.Thread(target=worker, args=(t,)) for t in range(threads)]
+        workers = [threading.Thread(target=run, args=(t,)) for t in range(threads)]
         for w in workers:
             w.start()
         for w in workers:
             w.join()
+    book.snapshot, book.reserve = take_snapshot, reserve  # type: ignore[method-assign]
+    assert errors == [], errors
+    assert counts["waits"] == counts["steps"] > 0, "a step decided without the others: the race was not arranged"
+    return counts["conflicts"]
 
 
 @settings(max_examples=8, deadline=None)
@@ -165,36 +219,32 @@ def test_concurrent_scheduling_never_gives_a_device_twice(
         book.upsert_node(builders.node(f"n{i}", gpus=8))
     owners: dict[tuple[str, str, str], tuple[str, str]] = {}
     owners_lock = threading.Lock()
-    errors: list[BaseException] = []
-    start = threading.Barrier(threads)
 
-    def worker(t: int) -> None:
-        try:
-            start.wait()
-            mine: list[ledger.Allocation] = []
-            for step in range(40):
-                group = (f"t{t}", f"g{step}")
-                request = placement.GroupRequest(group, {GPU: sizes[step % len(sizes)]}, {}, strategy)
-                got = placement.schedule_group(book, request, inventory.PodDemand(), attempts=50)
-                if isinstance(got, ledger.Allocation):
-                    with owners_lock:
-                        for device in got.devices[GPU]:
-                            key = (got.node, GPU, device)
-                            assert key not in owners, (
-                                f"{key} given to {group} while {owners.get(key)} holds it"
-                            )
-                            owners[key] = group
-                    mine.append(got)
-                if mine and (step % 3 == 0 or not isinstance(got, ledger.Allocation)):
-                    victim = mine.pop(0)
-                    with owners_lock:  # unclaim first: once released, another thread may get it at once
-                        for device in victim.devices[GPU]:
-                            del owners[(victim.node, GPU, device)]
-                    assert book.release(victim.group) == victim
-        except BaseException as exc:  # surfaced in the main thread below
-            errors.append(exc)
+    def worker(t: int, stepped: Callable[[], None]) -> None:
+        mine: list[ledger.Allocation] = []
+        for step in range(40):
+            stepped()
+            group = (f"t{t}", f"g{step}")
+            request = placement.GroupRequest(group, {GPU: sizes[step % len(sizes)]}, {}, strategy)
+            got = placement.schedule_group(book, request, inventory.PodDemand(), attempts=50)
+            if isinstance(got, ledger.Allocation):
+                with owners_lock:
+                    for device in got.devices[GPU]:
+                        key = (got.node, GPU, device)
+                        assert key not in owners, (
+                            f"{key} given to {group} while {owners.get(key)} holds it"
+                        )
+                        owners[key] = group
+                mine.append(got)
+            if mine and (step % 3 == 0 or not isinstance(got, ledger.Allocation)):
+                victim = mine.pop(0)
+                with owners_lock:  # unclaim first: once released, another thread may get it at once
+                    for device in victim.devices[GPU]:
+                        del owners[(victim.node, GPU, device)]
+                assert book.release(victim.group) == victim
 
-    interleaved(worker, threads)
-    assert errors == []
+    # In step 0 every thread decides the same on the same snapshot, and at least two of them fit: the
+    # reservations race, and all but the first must decide again.
+    assert interleaved(book, worker, threads) >= 1
     check_invariants(book, {})
     assert {(a.node, GPU, d) for a in book.allocations() for d in a.devices[GPU]} == set(owners)

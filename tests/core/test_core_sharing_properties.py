@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 import collections
-import threading
+from collections.abc import Callable
 from typing import Any
 
 from hypothesis import given, settings
@@ -199,26 +199,20 @@ def test_concurrent_reservations_never_exceed_a_device(
     book = ledger.DeviceLedger()
     for i in range(nodes):
         book.upsert_node(node(f"n{i}"))
-    errors: list[BaseException] = []
-    start = threading.Barrier(threads)
 
-    def worker(t: int) -> None:
-        try:
-            start.wait()
-            mine: list[tuple[str, str]] = []
-            for step in range(30):
-                share = mix[step % len(mix)]
-                group = (f"t{t}", f"g{step}")
-                request = placement.GroupRequest(group, {GPU: 1}, {}, strategy, {GPU: share} if share else {})
-                got = placement.schedule_group(book, request, ANY_POD, attempts=50)
-                if isinstance(got, ledger.Allocation):
-                    mine.append(group)
-                if mine and (step % 3 == 0 or not isinstance(got, ledger.Allocation)):
-                    book.release(mine.pop(0))
-        except BaseException as exc:  # surfaced in the main thread below
-            errors.append(exc)
+    def worker(t: int, stepped: Callable[[], None]) -> None:
+        mine: list[tuple[str, str]] = []
+        for step in range(30):
+            stepped()
+            share = mix[step % len(mix)]
+            group = (f"t{t}", f"g{step}")
+            request = placement.GroupRequest(group, {GPU: 1}, {}, strategy, {GPU: share} if share else {})
+            got = placement.schedule_group(book, request, ANY_POD, attempts=50)
+            if isinstance(got, ledger.Allocation):
+                mine.append(group)
+            if mine and (step % 3 == 0 or not isinstance(got, ledger.Allocation)):
+                book.release(mine.pop(0))
 
-    interleaved(worker, threads)
-    assert errors == []
+    interleaved(book, worker, threads)  # every step's decisions made on one snapshot, then reserved at once
     assert book.contested() == ()
     check_invariants(book, set())

@@ -21,6 +21,7 @@ from deviceshare.cli import inspect
 from deviceshare.kube import applying, connecting
 from deviceshare.sandbox import Sandbox
 from deviceshare.webhooks import certs, configuration, server
+from tests import waiting
 from tests.operator.conftest import operator_config, start_operator
 from tests.operator.kube import Kube
 
@@ -47,7 +48,7 @@ async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
         try:
             applier = applying.Applier(api)
             await applier.apply(configuration.build(url=webhook.url, ca_bundle=bundle.ca_pem))
-            assert webhook.index is not None and await webhook.index.wait_synced(10)
+            assert webhook.index is not None and await webhook.index.wait_synced(waiting.HANG_GUARD)
             async with Kube.connect(str(cluster.kubeconfig)) as kube:
                 yield Stack(cluster, kube, applier)
         finally:
@@ -58,15 +59,15 @@ async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
 
 async def _apply(applier: applying.Applier, obj: dict[str, Any]) -> dict[str, Any]:
     # The webhook knows groups from a watch, so a pod sent milliseconds after its group can be
-    # denied with "does not exist" (a ReplicaSet would retry; so does this test, briefly).
-    deadline = asyncio.get_running_loop().time() + 5
+    # denied with "does not exist" (a ReplicaSet would retry; so does this test, until the hang guard).
+    deadline = asyncio.get_running_loop().time() + waiting.HANG_GUARD
     while True:
         try:
             return await applier.apply(obj)
         except applying.ApplyError as e:
             if "does not exist" not in str(e) or asyncio.get_running_loop().time() > deadline:
                 raise
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.05)  # a retry's pause, as a controller's requeue
 
 
 async def _apply_examples(applier: applying.Applier) -> list[dict[str, Any]]:

@@ -21,6 +21,8 @@ import aiohttp
 import pytest
 import yaml
 
+from tests import waiting
+
 INTERVAL = "500ms"  # scrape and rule evaluation: the test waits for a few of each
 INSTALL = "apt-get install prometheus (Debian/Ubuntu: the server and promtool), or put both on PATH"
 
@@ -69,7 +71,7 @@ class Prometheus:
         result: list[dict[str, Any]] = data["result"] if data["resultType"] == "vector" else [data]
         return result
 
-    async def until(self, probe: Callable[[], Awaitable[Any]], what: str, timeout: float = 30.0) -> Any:
+    async def until(self, probe: Callable[[], Awaitable[Any]], what: str, timeout: float = waiting.HANG_GUARD) -> Any:
         """Poll ``probe`` until it returns something truthy; fail naming ``what``, with the server's log."""
         deadline = asyncio.get_running_loop().time() + timeout
         while True:
@@ -78,7 +80,7 @@ class Prometheus:
                 return got
             if asyncio.get_running_loop().time() > deadline:
                 raise AssertionError(f"timed out after {timeout}s waiting for {what}\n{self.log.read_text()[-3000:]}")
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0.1)  # the poll's pause (a hang guard above)
 
 
 def config(targets: list[Target], rule_files: list[Path]) -> dict[str, Any]:

@@ -14,10 +14,12 @@ from __future__ import annotations
 import json
 import math
 import re
+import ssl
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 import yaml
 from monitoring.dashboards import fleet
@@ -68,6 +70,22 @@ async def system(tmp_path: Path) -> AsyncIterator[tuple[Sandbox, list[prometheus
             await webhook.stop()
 
 
+WEBHOOK_ADMISSIONS = "deviceshare_webhook_admission_requests_total"
+
+
+async def webhook_scraped(prom: prometheus.Prometheus, targets: list[prometheus.Target]) -> bool:
+    """Prometheus's latest sample of the webhook's admissions equals what the webhook counts now: it scraped the
+    webhook after its last admission (the operator's scrape says nothing about the webhook's, on a slow machine)."""
+    target = next(t for t in targets if t.job == fleet.WEBHOOK_JOB)
+    context = ssl.create_default_context(cafile=target.ca_file)
+    async with aiohttp.ClientSession() as http, http.get(f"https://{target.address}/metrics", ssl=context) as resp:
+        text = await resp.text()
+    own = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+              if line.startswith(WEBHOOK_ADMISSIONS + "{") or line.startswith(WEBHOOK_ADMISSIONS + " "))
+    seen = await prom.query(f"sum({WEBHOOK_ADMISSIONS})")
+    return own > 0 and bool(seen) and float(seen[0]["value"][1]) == own
+
+
 def substituted(expr: str) -> str:
     """A panel query as Grafana sends it with every variable at "All" (allValue ``.*``)."""
     return expr.replace("$node", ".*").replace("$resource", ".*").replace("$__rate_interval", RATE_INTERVAL)
@@ -109,6 +127,7 @@ async def test_every_panel_and_alert_evaluates_and_the_panels_show_data(
             await kube.create_pod(NS, pod, group)
         pods = [await kube.wait_bound(NS, name) for name in ("trainer-0", "half-0")]
         await prom.until(lambda: bound_seen(2), "Prometheus to see the first wave bound")
+        await prom.until(lambda: webhook_scraped(prom, targets), "a scrape of the webhook after the first wave")
         # Then a GPU the trainer holds falls ill (the node agent's annotation, CONTRACT §9, written here).
         held = json.loads(pods[0]["metadata"]["annotations"][api_names.POD_SELECTED_DEVICES_ANNOTATION])[GPU].split(",")
         cluster.patch("nodes", pods[0]["spec"]["nodeName"],
@@ -125,6 +144,7 @@ async def test_every_panel_and_alert_evaluates_and_the_panels_show_data(
             await kube.create_pod(NS, pod, group)
         pods += [await kube.wait_bound(NS, name) for name in ("eval-0", "trainer-1")]
         await prom.until(lambda: bound_seen(3), "Prometheus to see the second wave bound")
+        await prom.until(lambda: webhook_scraped(prom, targets), "a scrape of the webhook after the second wave")
 
         # Wave 3: batch groups fill the three other nodes; an urgent group of higher priority preempts one.
         for i in (1, 2, 3):
@@ -134,7 +154,7 @@ async def test_every_panel_and_alert_evaluates_and_the_panels_show_data(
         await kube.create_priority_class("urgent", 1000)
         await kube.create_group(NS, "urgent", {GPU: 8})
         await kube.create_pod(NS, "urgent-0", "urgent", priority_class="urgent")
-        pods.append(await kube.wait_bound(NS, "urgent-0", timeout=30))
+        pods.append(await kube.wait_bound(NS, "urgent-0"))
 
         async def preempted() -> bool:
             got = await prom.query('sum(deviceshare_preemptions_total{result="evicted"})')

@@ -3,7 +3,6 @@ and a count of the writes the API server received for nodes (counted there, not 
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -16,6 +15,7 @@ from prometheus_client import CollectorRegistry
 from deviceshare.kube import connecting
 from deviceshare.nodeagent import agent, nvmlsource, publishing
 from deviceshare.sandbox import Sandbox
+from tests import waiting
 from tests.nodeagent import fakenvml, servers
 
 
@@ -86,12 +86,6 @@ def make_agent(api: k8s.ApiClient) -> MakeAgent:
     return make
 
 
-async def until(probe: Callable[[], Any], what: str, timeout: float = 10.0) -> Any:
+async def until(probe: Callable[[], Any], what: str, timeout: float = waiting.HANG_GUARD) -> Any:
     """Poll a synchronous probe of the sandbox store until it is truthy (the event it waits for)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not (result := probe()):
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.02)
-    return result
+    return await waiting.until(probe, what, timeout=timeout)

@@ -18,6 +18,7 @@ from deviceshare.nodeagent import agent, nvmlsource, publishing
 from deviceshare.operator.config import OperatorConfig
 from deviceshare.operator.process import OperatorThread
 from deviceshare.sandbox import Sandbox
+from tests import waiting
 from tests.nodeagent import fakenvml, servers
 from tests.operator.kube import Kube
 
@@ -64,7 +65,7 @@ RunningOperator = OperatorThread
 
 
 async def start_operator(config: OperatorConfig) -> OperatorThread:
-    return await OperatorThread(config).start()
+    return await OperatorThread(config).start(timeout=waiting.HANG_GUARD)
 
 
 @pytest.fixture

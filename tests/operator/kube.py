@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
@@ -12,6 +11,7 @@ from kubernetes_asyncio import client as k8s
 
 from deviceshare.api import names
 from deviceshare.kube import connecting
+from tests import waiting
 
 
 class Kube:
@@ -180,22 +180,12 @@ class Kube:
     # -- waiting -------------------------------------------------------------------------------
 
     async def wait_for(
-        self, probe: Callable[[], Any], what: str, *, timeout: float = 10.0, interval: float = 0.02
+        self, probe: Callable[[], Any], what: str, *, timeout: float = waiting.HANG_GUARD
     ) -> Any:
         """Poll ``probe`` (sync or async) until it returns something truthy; fail naming ``what``."""
-        deadline = asyncio.get_running_loop().time() + timeout
-        last: Any = None
-        while True:
-            last = probe()
-            if asyncio.iscoroutine(last):
-                last = await last
-            if last:
-                return last
-            if asyncio.get_running_loop().time() > deadline:
-                raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-            await asyncio.sleep(interval)
+        return await waiting.until(probe, what, timeout=timeout)
 
-    async def wait_bound(self, ns: str, name: str, timeout: float = 10.0) -> dict[str, Any]:
+    async def wait_bound(self, ns: str, name: str, timeout: float = waiting.HANG_GUARD) -> dict[str, Any]:
         async def bound() -> dict[str, Any] | None:
             pod = await self.pod(ns, name)
             return pod if pod and pod.get("spec", {}).get("nodeName") else None
@@ -204,7 +194,8 @@ class Kube:
         return result
 
     async def wait_group(
-        self, ns: str, name: str, predicate: Callable[[dict[str, Any]], bool], what: str, timeout: float = 10.0
+        self, ns: str, name: str, predicate: Callable[[dict[str, Any]], bool], what: str,
+        timeout: float = waiting.HANG_GUARD,
     ) -> dict[str, Any]:
         async def probe() -> dict[str, Any] | None:
             g = await self.group(ns, name)

@@ -51,7 +51,7 @@ async def test_a_holder_shows_device_unhealthy_keeps_its_pod_and_nobody_new_gets
         assert f"node gpu-node-0 reports nvidia.com/gpu {held[1]} unhealthy" in condition["message"]
         assert sick["status"]["phase"] == names.PHASE_BOUND and _devices(sick) == held
         events = await kube.wait_for(
-            lambda: _reasons(kube, "holder"), "a DeviceUnhealthy event", timeout=10)
+            lambda: _reasons(kube, "holder"), "a DeviceUnhealthy event")
         assert "DeviceUnhealthy" in events
         pod = await kube.pod(NS, "holder-0")
         assert pod is not None and pod["spec"]["nodeName"] == "gpu-node-0"

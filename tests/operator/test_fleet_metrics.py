@@ -118,7 +118,7 @@ async def test_a_standby_says_it_is_no_leader_and_exports_nothing_stale(cluster:
             leaders = [value(s, "deviceshare_leader") for s in scraped]
             return scraped if sorted(leaders) == [0, 1] else None  # type: ignore[type-var]
 
-        scraped = await kube.wait_for(one_leads, "one replica leading", timeout=20)
+        scraped = await kube.wait_for(one_leads, "one replica leading")
         leader, standby = sorted(scraped, key=lambda s: -(value(s, "deviceshare_leader") or 0))
         assert value(leader, "deviceshare_groups", phase="Bound") == 0
         assert value(leader, "deviceshare_devices_free", node="gpu-node-0", resource=GPU) == 8

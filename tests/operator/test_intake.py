@@ -18,6 +18,7 @@ from deviceshare.operator.config import OperatorConfig
 from deviceshare.operator.context import Context
 from deviceshare.operator.intake import Feed, Intake
 from deviceshare.operator.queueing import ReconcileQueue, SchedulingQueue
+from tests import waiting
 
 OURS = names.DEFAULT_SCHEDULER_NAME
 
@@ -75,7 +76,7 @@ class Rig:
                              is_ours=lambda p: p.scheduler_name == OURS and not p.node_name and not p.deleting)
 
     async def due_groups(self) -> set[tuple[str, str]]:
-        return await asyncio.wait_for(self.groups.batch(), 1)
+        return await asyncio.wait_for(self.groups.batch(), waiting.HANG_GUARD)
 
 
 async def test_a_pending_pod_of_ours_is_queued_and_its_group_reconciled_and_a_bound_one_is_not_queued() -> None:
@@ -83,7 +84,7 @@ async def test_a_pending_pod_of_ours_is_queued_and_its_group_reconciled_and_a_bo
     rig.intake.on_group("ADDED", group("g", 1))
     rig.intake.on_pod("ADDED", pod("p", 2))
     rig.intake.on_pod("ADDED", pod("q", 3, node="n1"))
-    assert await asyncio.wait_for(rig.pods.get(), 1) == ("ml", "p")
+    assert await asyncio.wait_for(rig.pods.get(), waiting.HANG_GUARD) == ("ml", "p")
     assert len(rig.pods) == 1
     assert await rig.due_groups() == {("ml", "g")}
     assert set(rig.ctx.state.pods) == {("ml", "p"), ("ml", "q")}

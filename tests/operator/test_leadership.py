@@ -28,6 +28,7 @@ class FakeLeases:
         self.obj: dict[str, Any] | None = None
         self.version = 0
         self.refuse_writes = False  # a partition: every write fails (not a 409)
+        self.conflicts = 0  # writes refused with a 409: the proof that a race happened
 
     def _stored(self, body: Mapping[str, Any]) -> dict[str, Any]:
         self.version += 1
@@ -36,14 +37,17 @@ class FakeLeases:
         return copy.deepcopy(self.obj)
 
     async def get_lease(self, own_namespace: str, name: str) -> dict[str, Any]:
-        if self.obj is None:
+        found = copy.deepcopy(self.obj)
+        await asyncio.sleep(0)  # the answer's way back: a concurrent candidate may read the same record meanwhile
+        if found is None:
             raise Gone("404")
-        return copy.deepcopy(self.obj)
+        return found
 
     async def create_lease(self, own_namespace: str, body: Mapping[str, Any]) -> dict[str, Any]:
         if self.refuse_writes:
             raise ConnectionError("unreachable")
         if self.obj is not None:
+            self.conflicts += 1
             raise Conflict("409 AlreadyExists")
         return self._stored(body)
 
@@ -53,6 +57,7 @@ class FakeLeases:
         if self.obj is None:
             raise Gone("404")
         if body["metadata"].get("resourceVersion") != self.obj["metadata"]["resourceVersion"]:
+            self.conflicts += 1
             raise Conflict("409 the object has been modified")
         return self._stored(body)
 
@@ -93,12 +98,12 @@ async def test_a_standby_takes_an_unrenewed_lease_only_after_it_saw_it_unchanged
     api = FakeLeases()
     a, b = elector(api, "a"), elector(api, "b")
     assert await a.try_acquire_or_renew()
-    await asyncio.sleep(100)  # long past renewTime: b still counts from when *it* first saw the record
+    await asyncio.sleep(100)  # looptime: long past renewTime; b still counts from when *it* first saw the record
     assert not await b.try_acquire_or_renew()
     assert b.holder == "a"
-    await asyncio.sleep(14.9)
+    await asyncio.sleep(14.9)  # looptime: fake time
     assert not await b.try_acquire_or_renew()
-    await asyncio.sleep(0.1)
+    await asyncio.sleep(0.1)  # looptime: fake time
     assert await b.try_acquire_or_renew()
     assert api.spec["holderIdentity"] == "b" and api.spec["leaseTransitions"] == 1
 
@@ -110,7 +115,7 @@ async def test_every_renewal_restarts_the_standbys_count() -> None:
     assert await a.try_acquire_or_renew()
     for _ in range(10):
         assert not await b.try_acquire_or_renew()
-        await asyncio.sleep(10)
+        await asyncio.sleep(10)  # looptime: fake time
         assert await a.try_acquire_or_renew()
     assert not await b.try_acquire_or_renew()
 
@@ -121,15 +126,17 @@ async def test_two_candidates_racing_for_an_expired_lease_one_gets_409_and_stays
     a, b, c = elector(api, "a"), elector(api, "b"), elector(api, "c")
     assert await a.try_acquire_or_renew()
     assert not await b.try_acquire_or_renew() and not await c.try_acquire_or_renew()
-    await asyncio.sleep(15)
+    await asyncio.sleep(15)  # looptime: fake time
     results = await asyncio.gather(b.try_acquire_or_renew(), c.try_acquire_or_renew())
     assert sorted(results) == [False, True]
+    assert api.conflicts == 1  # both read the expired record, and the API refused the second write
     assert api.spec["holderIdentity"] == ("b" if results[0] else "c")
     # and two replicas creating the Lease at once: the API server refuses the second create
     fresh = FakeLeases()
     results = await asyncio.gather(elector(fresh, "x").try_acquire_or_renew(),
                                    elector(fresh, "y").try_acquire_or_renew())
     assert sorted(results) == [False, True]
+    assert fresh.conflicts == 1
 
 
 @pytest.mark.looptime
@@ -162,12 +169,12 @@ async def test_a_leader_that_cannot_renew_stops_within_its_renew_deadline_before
     leader = run(api, "a", log)
     task = asyncio.create_task(leader.run())
     try:
-        await asyncio.sleep(5)
+        await asyncio.sleep(5)  # looptime: fake time
         assert leader.active.is_set() and log == [(0, "a elected")]
         api.refuse_writes = True
         last_renewal = 4.0  # every 2 s; the one at 4 s was the last to land
         while leader.active.is_set():
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(0.5)  # looptime: fake time
         deposed_at = log[-1][0]
         assert log[-1][1] == "a deposed"
         assert deposed_at - last_renewal <= 10  # the renew deadline
@@ -183,14 +190,14 @@ async def test_a_leader_that_sees_another_holder_stops_at_its_next_renewal() -> 
     leader = run(api, "a", log)
     task = asyncio.create_task(leader.run())
     try:
-        await asyncio.sleep(5)
+        await asyncio.sleep(5)  # looptime: fake time
         api.overwrite(holderIdentity="intruder")
         while leader.active.is_set():
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0.1)  # looptime: fake time
         assert log == [(0, "a elected"), (6, "a deposed")]
         # The intruder never renews: 15 s after "a" saw the change, it takes the Lease back.
         while not leader.active.is_set():
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0.1)  # looptime: fake time
         assert log[-1] == (22, "a elected") and api.spec["leaseTransitions"] == 1
     finally:
         task.cancel()
@@ -211,7 +218,7 @@ async def test_a_failed_takeover_releases_the_lease_and_tries_again() -> None:
                                    on_elected=elected, on_deposed=deposed, clock=now)
     task = asyncio.create_task(leader.run())
     try:
-        await asyncio.sleep(3)
+        await asyncio.sleep(3)  # looptime: fake time
         assert attempts == [0, 2] and leader.active.is_set()
     finally:
         task.cancel()

@@ -53,7 +53,7 @@ async def test_ten_four_gpu_groups_on_three_two_island_nodes_each_get_one_island
                     placed[name] = (status["nodeName"], islands.pop())
             return len(placed)
 
-        await kube.wait_for(lambda: _count(record, 6), "six groups placed", timeout=20)
+        await kube.wait_for(lambda: _count(record, 6), "six groups placed")
         assert len(set(placed.values())) == 6  # six islands, one group each
         waiting = [g for g in await kube.groups() if g["metadata"]["name"] not in placed]
         assert len(waiting) == 4
@@ -73,7 +73,7 @@ async def test_ten_four_gpu_groups_on_three_two_island_nodes_each_get_one_island
         for name in list(placed)[:4]:
             await kube.core.delete_namespaced_pod(f"{name}-0", NS, grace_period_seconds=0)
             await kube.custom.delete_namespaced_custom_object(names.GROUP, names.VERSION, NS, names.PLURAL, name)
-        await kube.wait_for(lambda: _count(record, 10), "all ten groups placed", timeout=30)
+        await kube.wait_for(lambda: _count(record, 10), "all ten groups placed")
     finally:
         await running.stop()
 

@@ -1,4 +1,8 @@
-"""A pod whose write the API refused comes back by itself after its backoff (no cluster event needed)."""
+"""A pod whose write the API refused comes back by itself after its backoff (no cluster event needed).
+
+Time is the event loop's, faked by looptime: "not before its backoff" and "by then" are exact, whatever
+the machine's speed.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,8 @@ import asyncio
 import pytest
 
 from deviceshare.operator.queueing import SchedulingQueue
+
+pytestmark = pytest.mark.looptime
 
 
 async def _taken(queue: SchedulingQueue[str], within: float) -> str | None:

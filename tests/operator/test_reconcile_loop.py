@@ -141,7 +141,7 @@ async def test_the_backoff_is_capped_and_counted_per_group(running: Callable[[Fa
     await asyncio.wait_for(fake.done.wait(), 1)  # B succeeds on its second try, whatever A does
     assert gaps(fake.calls[B]) == pytest.approx([INITIAL + DEBOUNCE])
     while len(fake.calls[A]) < 8:
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(0.5)  # looptime: fake seconds pass at once
     assert gaps(fake.calls[A]) == pytest.approx([d + DEBOUNCE for d in (0.1, 0.2, 0.4, 0.8, 1.6, 1.6, 1.6)])
 
 
@@ -207,7 +207,7 @@ async def test_stopping_the_loop_cancels_the_reconciles_in_flight() -> None:
     h.queue.request(A)
     h.queue.request(B)
     while len(fake.calls) < 2:
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0.01)  # looptime: fake seconds pass at once
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
     assert fake.cancelled == 2  # a deposed leader writes nothing more

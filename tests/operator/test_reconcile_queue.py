@@ -56,7 +56,7 @@ async def test_a_request_during_the_debounce_joins_that_batch_and_a_later_one_th
     q = queue()
     q.request(A)
     batch = asyncio.get_running_loop().create_task(q.batch())
-    await asyncio.sleep(DEBOUNCE / 2)
+    await asyncio.sleep(DEBOUNCE / 2)  # looptime: exactly half the debounce, in fake time
     q.request(B)
     assert await batch == {A, B}
     q.request(C)

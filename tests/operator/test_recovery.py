@@ -140,13 +140,17 @@ def _metrics_port(running: Any) -> int | None:
 async def test_a_pod_deleted_mid_placement_leaves_nothing_allocated(cluster: Any, kube: Kube) -> None:
     running = await start_operator(operator_config(cluster))
     try:
-        # Hold the first member's binding (which carries its annotations) long enough to delete the pod under
+        # Hold the first member's binding (which carries its annotations) while the pod is deleted under
         # it: by then the group's status already records the allocation (it is written first).
-        cluster.inject_fault("POST", r"/namespaces/mid/pods/first/binding$", delay=1.0)
+        binding = cluster.inject_fault("POST", r"/namespaces/mid/pods/first/binding$", hold=True)
         await kube.create_group("mid", "g", {GPU: 8})
         await kube.create_pod("mid", "first", "g")
-        await kube.wait_group("mid", "g", lambda g: (g.get("status") or {}).get("phase") == "Bound", "placed")
+        await kube.wait_for(lambda: binding.fired, "the binding in flight")
+        assert (await kube.group("mid", "g") or {})["status"]["phase"] == "Bound"
         await kube.delete_pod("mid", "first")
+        binding.release()
+        await kube.wait_for(lambda: binding.answered, "the binding answered")
+        assert binding.answered == [404]  # it reached a pod already gone
 
         group = await kube.wait_group(
             "mid", "g", lambda g: (g.get("status") or {}).get("phase") == "Pending", "rolled back to Pending"

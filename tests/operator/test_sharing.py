@@ -14,6 +14,7 @@ import pytest
 
 from deviceshare.api import names
 from deviceshare.sandbox import Sandbox
+from tests.operator.conftest import RunningOperator
 from tests.operator.kube import Kube, scheduled_condition, selected
 from tests.reliability import invariants
 
@@ -125,7 +126,9 @@ async def test_nodes_without_declared_memory_say_so(kube: Kube, cluster: Sandbox
     assert env_values(pod)["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "10"
 
 
-async def test_a_burst_of_sharing_groups_never_overcommits(kube: Kube, cluster: Sandbox) -> None:
+async def test_a_burst_of_sharing_groups_never_overcommits(
+    kube: Kube, cluster: Sandbox, operator: RunningOperator
+) -> None:
     # 4 GPUs x 1000m: three 300m shares per GPU fit, so 12 of 20 groups are placed.
     await asyncio.gather(*(share_group(kube, "burst", f"g{i:02d}", {"compute": "300m"}) for i in range(20)))
 
@@ -133,7 +136,8 @@ async def test_a_burst_of_sharing_groups_never_overcommits(kube: Kube, cluster: 
         return [p for p in cluster.list("pods", "burst") if (p.get("spec") or {}).get("nodeName")]
 
     await kube.wait_for(lambda: len(placed()) == 12, "12 groups placed")
-    await asyncio.sleep(0.3)
+    # Every one of the 20 decided: the other 8 wait in the scheduler's queue, parked as unschedulable.
+    await kube.wait_for(lambda: operator.memo.runtime.queue.parked == 8, "the other 8 parked")
     assert len(placed()) == 12
     per_device: dict[tuple[str, str], int] = {}
     for pod in placed():

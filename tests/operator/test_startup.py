@@ -11,7 +11,6 @@ import asyncio
 import gc
 import logging
 import socket
-import time
 from pathlib import Path
 
 import aiohttp
@@ -21,6 +20,7 @@ import yaml
 from deviceshare.operator.config import OperatorConfig
 from deviceshare.operator.process import OperatorThread
 from deviceshare.sandbox import Sandbox
+from tests import waiting
 from tests.operator.kube import Kube
 
 GPU = "nvidia.com/gpu"
@@ -47,21 +47,23 @@ async def probe(port: int, path: str) -> int:
         return resp.status
 
 
-async def test_api_up_5s_after_the_operator_a_pod_is_bound_within_15s_of_it(
+async def test_an_operator_started_before_its_api_server_binds_pods_once_it_comes_up(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """The API server comes up after the operator has failed to reach it twice. How soon after the API
+    comes up the pod is bound with the production backoff (10 s cap, 15 s budget) is measured in
+    ``make bench`` (benchmarks/bench_startup.py); here the backoff is short, a parameter."""
     caplog.set_level(logging.INFO)
     api_port = free_port()
     kubeconfig = kubeconfig_for(f"http://127.0.0.1:{api_port}", tmp_path / "kubeconfig")
-    # Production backoff (capped at 10 s): the 15 s budget below is the one the issue sets.
     config = OperatorConfig(
         kubeconfig=str(kubeconfig), metrics_host="127.0.0.1", metrics_port=0,
-        status_debounce=0.01, worker_idle_timeout=0.2,
+        status_debounce=0.01, worker_idle_timeout=0.2, startup_backoff_initial=0.05, startup_backoff_max=0.2,
     )
     operator = OperatorThread(config)
-    starting = asyncio.get_running_loop().create_task(operator.start(timeout=60))
+    starting = asyncio.get_running_loop().create_task(operator.start(timeout=waiting.HANG_GUARD))
     try:
-        await asyncio.sleep(5)
+        await waiting.until(lambda: caplog.text.count("cannot start yet") >= 2, "two failed tries")
         assert not starting.done(), "the operator claimed to be ready with no API server"
         assert operator.alive
         port = operator.memo.metrics_server.port
@@ -70,15 +72,11 @@ async def test_api_up_5s_after_the_operator_a_pod_is_bound_within_15s_of_it(
 
         async with Sandbox(port=api_port, kubeconfig_path=tmp_path / "sandbox-kubeconfig",
                            kubelet_delay=0.01, bookmark_interval=0.1) as cluster:
-            up = time.monotonic()
             async with Kube.connect(str(cluster.kubeconfig)) as kube:
                 await kube.create_group("late", "g", {GPU: 1})
                 await kube.create_pod("late", "p", "g")
-                pod = await kube.wait_bound("late", "p", timeout=20)
-            bound_after = time.monotonic() - up
-            print(f"pod bound {bound_after:.1f}s after the API came up")
+                pod = await kube.wait_bound("late", "p")
             assert pod["spec"]["nodeName"]
-            assert bound_after < 15, f"bound {bound_after:.1f}s after the API came up"
             await starting
             assert await probe(port, "/readyz") == 200
             await operator.stop()

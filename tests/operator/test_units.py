@@ -7,6 +7,7 @@ import datetime
 
 from deviceshare.api import envnames, names
 from deviceshare.operator import queueing, rebuild, state, statuses
+from tests import waiting
 
 NOW = datetime.datetime(2026, 11, 22, 12, 0, tzinfo=datetime.UTC)
 
@@ -35,7 +36,7 @@ async def test_parked_pods_wait_their_backoff_then_move_on_a_cluster_change() ->
     assert q.move_parked() == 0  # still backing off
     clock[0] = 1.5
     assert q.move_parked() == 1
-    assert await asyncio.wait_for(q.get(), 1) == "p"
+    assert await asyncio.wait_for(q.get(), waiting.HANG_GUARD) == "p"
     q.done("p")
     assert [q.park("p") for _ in range(4)] == [2, 4, 4, 4]  # doubling, capped
     q.forget("p")

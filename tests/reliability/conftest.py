@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -14,6 +13,7 @@ import pytest
 
 from deviceshare.operator.config import OperatorConfig
 from deviceshare.operator.process import run_operator
+from tests import waiting
 from tests.operator.conftest import cluster, kube, sandbox_options
 from tests.reliability import invariants
 
@@ -68,11 +68,7 @@ class Replica:
 
     async def start(self) -> Replica:
         self._thread.start()
-        deadline = time.monotonic() + 15
-        while not self._ready.is_set():
-            if time.monotonic() > deadline:
-                raise TimeoutError("operator did not become ready in 15 s")
-            await asyncio.sleep(0.01)
+        await waiting.until(self._ready.is_set, "the operator ready (or dead)", interval=0.01)
         if not self._thread.is_alive() or self._error is not None:
             raise RuntimeError(f"operator exited during start-up: {self._error!r}")
         return self
@@ -85,18 +81,20 @@ class Replica:
     def runtime(self) -> Any:
         return getattr(self.memo, "runtime", None)
 
-    async def _join(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while self._thread.is_alive() and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
-        assert not self._thread.is_alive(), "the operator thread did not end"
+    async def _join(self) -> None:
+        await waiting.until(lambda: not self._thread.is_alive(), "the operator thread to end", interval=0.01)
 
     async def kill(self) -> None:
-        """Die like a killed process: every task cancelled in the same tick, no cleanup handlers run."""
+        """Die like a killed process: its connections cut and every task cancelled in the same tick.
+
+        A request already sent is on the wire and still lands (the sandbox serves it to the end); nothing
+        the dying code tries later (a roll-back in an ``except``, a clean-up handler) reaches the API.
+        """
         if not self.alive:
             return
 
         def cancel_everything() -> None:
+            self._cut_connections()
             # Again and again: whatever the dying code spawns or shields is cut too, as by SIGKILL.
             tasks = asyncio.all_tasks(self.loop)
             for t in tasks:
@@ -106,13 +104,23 @@ class Replica:
 
         with contextlib.suppress(RuntimeError):  # the loop already closed
             self.loop.call_soon_threadsafe(cancel_everything)
-        await self._join(10)
+        await self._join()
+
+    def _cut_connections(self) -> None:
+        """Close the operator's API connections now, from its own loop: what the OS does at a kill."""
+        runtime = self.runtime
+        if runtime is None:
+            return
+        session = runtime.ctx.api._client.rest_client.pool_manager  # kubernetes_asyncio's aiohttp session
+        # The synchronous part of TCPConnector.close(): every transport closed now, and any later request
+        # fails to connect ("Connector is closed"), without giving the dying loop a turn first.
+        session.connector._close()
 
     async def stop(self) -> None:
         """The graceful stop (SIGTERM): Kopf runs the cleanup handlers."""
         if self.alive and self._stop is not None:
             self.loop.call_soon_threadsafe(self._stop.set)
-        await self._join(20)
+        await self._join()
 
 
 async def launch(config: OperatorConfig) -> Replica:
@@ -135,7 +143,7 @@ class Watchdog:
     async def _run(self) -> None:
         while True:
             self.check()
-            await asyncio.sleep(self.interval)
+            await asyncio.sleep(self.interval)  # the watchdog's sampling period
 
     def check(self) -> None:
         self.checks += 1

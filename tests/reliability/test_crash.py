@@ -2,15 +2,14 @@
 
 The write order (scheduler.py) is: reserve in memory, group status, binding (which carries the pod's
 device annotations: one write, so there is no step between annotating and binding to die in). Each
-step is held open with an injected delay on its request; the operator is killed (every task cancelled
-at once, no cleanup) while that request is in flight. The request still lands, as one sent by a dying
-process does. A fresh operator then rebuilds from the API and must finish the job on the same node, where groups
-sharing GPUs (CONTRACT §7) then fill what the victim left.
+step's request is held in flight by the sandbox; the operator is killed (every task cancelled at once,
+no cleanup) while it is held, then the request is let through and lands, as one sent by a dying
+process does; the test waits for its answer. A fresh operator then rebuilds from the API and must
+finish the job on the same node, where groups sharing GPUs (CONTRACT §7) then fill what the victim left.
 """
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import pytest
@@ -18,7 +17,7 @@ import pytest
 from deviceshare.api import names
 from tests.operator.conftest import operator_config
 from tests.reliability import invariants, workload
-from tests.reliability.conftest import Watchdog, kill, launch
+from tests.reliability.conftest import Replica, Watchdog, kill, launch
 
 NS = "crash"
 # step -> (method, path of the request held open when the operator dies)
@@ -27,7 +26,15 @@ STEPS = {
     "after-status-write": ("POST", rf"/namespaces/{NS}/pods/victim-0/binding$"),
     "after-binding": ("POST", rf"/namespaces/{NS}/events$"),
 }
-HOLD = 0.5
+
+
+async def kill_while_held(first: Replica, fault: Any, step: str) -> None:
+    """Kill ``first`` while the request of ``step`` is held, then let it land: the interleaving is certain."""
+    await workload.until(lambda: fault.fired, f"the operator to reach {step}")
+    await kill(first)
+    assert fault.answered == [], "the held request was answered before the kill"
+    fault.release()
+    await workload.until(lambda: fault.answered, "the dead operator's last request answered")
 
 
 @pytest.fixture
@@ -46,14 +53,12 @@ async def test_a_crash_at_each_step_leaves_no_leak_and_no_double(
 ) -> None:
     workload.ensure_namespace(cluster, NS)
     method, path = STEPS[step]
-    fault = cluster.inject_fault(method, path, delay=HOLD)
+    fault = cluster.inject_fault(method, path, hold=True)
     cluster.create(workload.group_body(NS, "victim", {workload.GPU: 2}))
     cluster.create(workload.pod_body(NS, "victim-0", "victim"))
 
     first = await launch(operator_config(cluster))
-    await workload.until(lambda: fault.fired, f"the operator to reach {step}", 10, 0.005)
-    await kill(first)
-    await asyncio.sleep(HOLD + 0.2)  # the dead operator's last request lands
+    await kill_while_held(first, fault, step)
     watchdog.check()
 
     # Meanwhile more demand arrives: two groups sharing the node's other 2 GPUs (600m + 400m of each)
@@ -97,39 +102,53 @@ async def test_a_crash_at_each_step_leaves_no_leak_and_no_double(
         await kill(second)
 
 
-async def test_a_dead_operators_late_status_write_never_shows_a_device_twice(
+async def test_a_dead_leaders_late_status_write_is_given_up_and_never_shows_a_device_twice(
     cluster: Any, watchdog: Watchdog
 ) -> None:
-    """The status write of a killed operator lands after its successor has given the devices away.
+    """The status write of a killed leader reaches the API server after its successor has given the devices away.
 
     A request sent just before the process died can reach the API server later (slow etcd, a proxy's
     retry). Its resourceVersion precondition is on the victim group only, so it does not see that the
-    successor, which rebuilt before the write landed, has placed another group on the same devices.
+    successor, which rebuilt before the write landed, has placed another group on the same devices. What
+    stops it is the fence (issue 20): the write carries the time left of its leader's renew deadline as
+    its server-side ``timeout``, and a successor can only take the Lease after that. The write is held
+    until the successor has bound its rival (the server gives it up at its deadline meanwhile, as
+    kube-apiserver does), so the order is certain, not hoped for.
+
+    (A single replica without election has no such fence: its late writes are bounded by the request
+    timeout alone; docs/reliability.md says so and the manifests run two replicas.)
     """
     workload.ensure_namespace(cluster, NS)
-    late = 1.5
+    workload.ensure_namespace(cluster, names.DEFAULT_NAMESPACE)
+    watchdog.interval = 0.002
+    elected = {"lease_name": "deviceshare-operator", "lease_duration": 2.0, "renew_deadline": 1.5,
+               "retry_period": 0.25}
     cluster.create(workload.group_body(NS, "victim", {workload.GPU: 2}))
-    first = await launch(operator_config(cluster))
+    first = await launch(operator_config(cluster, identity="first", **elected))
     await workload.until(
         lambda: (cluster.get(names.PLURAL, "victim", NS).get("status") or {}).get("phase") == "Pending",
         "the victim's status written as Pending",
     )
-    fault = cluster.inject_fault("PATCH", STEPS["after-reserve"][1], delay=late)
+    late = cluster.inject_fault("PATCH", STEPS["after-reserve"][1], hold=True)
     cluster.create(workload.pod_body(NS, "victim-0", "victim"))
-    await workload.until(lambda: fault.fired, "the victim's status write in flight", 10, 0.005)
+    await workload.until(lambda: late.fired, "the victim's status write in flight")
     await kill(first)
     cluster.delete("pods", "victim-0", NS)  # nobody waits for the victim any more
 
     cluster.create(workload.group_body(NS, "rival", {workload.GPU: 4}))
     cluster.create(workload.pod_body(NS, "rival-0", "rival"))
-    second = await launch(operator_config(cluster))
+    second = await launch(operator_config(cluster, identity="second", **elected))
     try:
         await workload.until(lambda: workload.bound_pods(cluster, NS), "rival-0 bound on the whole node")
-        await asyncio.sleep(late)  # the dead operator's write lands now
-        watchdog.interval = 0.002
-        await asyncio.sleep(1.0)
-        snap = invariants.from_sandbox(cluster)
-        invariants.assert_no_double_allocation(snap)
+        late.release()  # the dead leader's write would reach the server now, had it not been given up
+        await workload.until(lambda: late.answered, "the late write answered")
+        # Had it been applied, the victim would claim two of the rival's devices: the watchdog (every
+        # 2 ms, and once more now) would have seen it. It was given up at its deadline, which ended before
+        # the successor could take the Lease.
+        watchdog.check()
+        assert late.answered == [504] and late.given_up == 1
+        assert not (cluster.get(names.PLURAL, "victim", NS).get("status") or {}).get("allocatedDevices")
+        invariants.assert_no_double_allocation(invariants.from_sandbox(cluster))
     finally:
         await kill(second)
 
@@ -139,15 +158,13 @@ async def test_a_crash_at_each_step_keeps_a_share_held(cluster: Any, watchdog: W
     """The same crash for a sharing group: the restarted operator must still count the victim's share."""
     workload.ensure_namespace(cluster, NS)
     method, path = STEPS[step]
-    fault = cluster.inject_fault(method, path, delay=HOLD)
+    fault = cluster.inject_fault(method, path, hold=True)
     share = {workload.GPU: {"compute": "600m"}}
     cluster.create(workload.group_body(NS, "victim", {workload.GPU: 1}, share=share))
     cluster.create(workload.pod_body(NS, "victim-0", "victim"))
 
     first = await launch(operator_config(cluster))
-    await workload.until(lambda: fault.fired, f"the operator to reach {step}", 10, 0.005)
-    await kill(first)
-    await asyncio.sleep(HOLD + 0.2)
+    await kill_while_held(first, fault, step)
     watchdog.check()
 
     # The rest of the node goes whole to a rival; a 500m share then fits nowhere (600m + 500m > 1).

@@ -58,6 +58,10 @@ async def test_a_binding_whose_answer_lies_keeps_its_devices_and_the_next_group_
         cluster.create(workload.pod_body(NS, "b-0", "b"))
         why = await workload.until(lambda: unschedulable(cluster, "b-0"), "b-0 told why it waits")
         assert why == "0/1 nodes are available: 1 insufficient nvidia.com/gpu."
+        # The groups' statuses follow by their reconciles (a moment later on a slow machine).
+        await workload.until(lambda: (cluster.get(names.PLURAL, "a", NS).get("status") or {}).get("members")
+                             and (cluster.get(names.PLURAL, "b", NS).get("status") or {}).get("phase"),
+                             "both groups' statuses reconciled")
 
         a = cluster.get(names.PLURAL, "a", NS)["status"]
         pod = cluster.get("pods", "a-0", NS)

@@ -60,7 +60,7 @@ async def test_a_high_priority_group_evicts_the_cheapest_victims_and_takes_their
         assert before["a"]["nodeName"] == before["b"]["nodeName"] != before["c"]["nodeName"]
 
         await member(kube, "urgent", 2, "high")
-        urgent = await kube.wait_bound(NS, "urgent-0", timeout=20)
+        urgent = await kube.wait_bound(NS, "urgent-0")
 
         # The cheapest set: one low group (not both, not the mid one), the first by name on a tie.
         assert urgent["spec"]["nodeName"] == before["a"]["nodeName"]
@@ -104,7 +104,7 @@ async def test_a_disruption_budget_protects_its_group_and_the_next_victim_is_cho
         b_devices = (await kube.group(NS, "b"))["status"]["allocatedDevices"]
 
         await member(kube, "urgent", 2, "high")
-        urgent = await kube.wait_bound(NS, "urgent-0", timeout=30)
+        urgent = await kube.wait_bound(NS, "urgent-0")
 
         assert (await kube.pod(NS, "a-0"))["spec"]["nodeName"], "the budget did not protect a"
         assert (await kube.group(NS, "a"))["status"]["phase"] == "Bound"
@@ -133,7 +133,7 @@ async def test_the_room_kept_for_a_nominee_is_not_taken_by_an_equal_priority_gro
 
         await member(kube, "urgent", 4, "high")
         nominated = await kube.wait_group(
-            NS, "urgent", lambda g: (g.get("status") or {}).get("nominatedNodeName") == node, "nominated", timeout=20
+            NS, "urgent", lambda g: (g.get("status") or {}).get("nominatedNodeName") == node, "nominated"
         )
         assert scheduled(nominated)["reason"] == "Preempting"
         assert (await kube.pod(NS, "a-0"))["metadata"].get("deletionTimestamp")  # evicted, still stopping
@@ -146,7 +146,7 @@ async def test_the_room_kept_for_a_nominee_is_not_taken_by_an_equal_priority_gro
         await kube.wait_for(lambda: _waits(kube, "rival-0"), "the rival told why it waits")
 
         stopped.set()
-        bound = await kube.wait_bound(NS, "urgent-0", timeout=20)
+        bound = await kube.wait_bound(NS, "urgent-0")
         assert bound["spec"]["nodeName"] == node
         assert not (await kube.pod(NS, "rival-0"))["spec"].get("nodeName")
         assert (await kube.pod(NS, "c-0"))["spec"]["nodeName"]  # equal priority is never preempted

@@ -8,7 +8,6 @@ conflict on two healthy groups.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import pytest
@@ -39,15 +38,23 @@ async def test_a_deleted_groups_devices_are_not_reused_while_the_api_still_shows
             lambda: names.GROUP_FINALIZER in (cluster.get(names.PLURAL, "old", NS)["metadata"].get("finalizers") or []),
             "the finalizer on the old group",
         )
-        # The finalizer removal is slow to land; the successor is waiting for the node's two devices.
-        fault = cluster.inject_fault("PATCH", rf"/namespaces/{NS}/{names.PLURAL}/old$", delay=1.0)
+        # The finalizer removal is held in flight; the successor is waiting for the node's two devices.
+        fault = cluster.inject_fault("PATCH", rf"/namespaces/{NS}/{names.PLURAL}/old$", hold=True)
         cluster.create(workload.group_body(NS, "new", {workload.GPU: 2}))
         cluster.create(workload.pod_body(NS, "new-0", "new"))
+        await workload.until(lambda: workload.failed_scheduling(cluster, NS, "new-0"), "new-0 told it waits")
         cluster.delete("pods", "old-0", NS)
         cluster.delete(names.PLURAL, "old", NS)
         await workload.until(lambda: fault.fired, "the finalizer removal in flight")
-        await workload.until(lambda: cluster.get(names.PLURAL, "old", NS) is None, "the old group gone", 10)
-        await workload.until(lambda: workload.bound_pods(cluster, NS), "new-0 bound after the old group went", 10)
+        # While it is held, the successor is decided again (the periodic retry of waiting pods) and must
+        # still wait: the API shows the old claim. Had the devices been freed first, it would be bound now.
+        tried = workload.failed_scheduling(cluster, NS, "new-0")
+        await workload.until(lambda: workload.failed_scheduling(cluster, NS, "new-0") > tried,
+                             "new-0 decided again while the finalizer removal is in flight")
+        assert not workload.bound_pods(cluster, NS) and fault.answered == []
+        fault.release()
+        await workload.until(lambda: cluster.get(names.PLURAL, "old", NS) is None, "the old group gone")
+        await workload.until(lambda: workload.bound_pods(cluster, NS), "new-0 bound after the old group went")
     finally:
         await kill(running)
         await watchdog.stop()
@@ -60,13 +67,16 @@ async def test_a_group_deleted_during_its_placement_is_no_error(
     workload.ensure_namespace(cluster, NS)
     running = await launch(operator_config(cluster))
     try:
-        fault = cluster.inject_fault("PATCH", rf"/namespaces/{NS}/{names.PLURAL}/gone/status$", delay=0.5)
+        fault = cluster.inject_fault("PATCH", rf"/namespaces/{NS}/{names.PLURAL}/gone/status$", hold=True)
         cluster.create(workload.group_body(NS, "gone", {workload.GPU: 1}))
         cluster.create(workload.pod_body(NS, "gone-0", "gone"))
-        await workload.until(lambda: fault.fired, "the placement's status write in flight", 10, 0.005)
+        await workload.until(lambda: fault.fired, "the placement's status write in flight")
         # An admin force-deletes the group (finalizers cleared) while the write is in flight.
         cluster.patch(names.PLURAL, "gone", {"metadata": {"finalizers": None}}, NS)
         cluster.delete(names.PLURAL, "gone", NS)
+        fault.release()
+        await workload.until(lambda: fault.answered, "the status write answered")
+        assert fault.answered == [404]  # it reached a group already gone
         await workload.until(
             lambda: "not found" in str(
                 ((cluster.get("pods", "gone-0", NS) or {}).get("status") or {}).get("conditions")),
@@ -109,11 +119,11 @@ async def test_a_pod_deletion_lost_in_a_watch_relist_does_not_hold_the_devices(c
         cluster.drop_watches()
         cluster.resume_watches()
         cluster.delete(names.PLURAL, "ghost", NS)
-        await workload.until(lambda: cluster.get(names.PLURAL, "ghost", NS) is None, "the group released and gone", 10)
+        await workload.until(lambda: cluster.get(names.PLURAL, "ghost", NS) is None, "the group released and gone")
         # And the devices are free again: a group wanting both is placed.
         cluster.create(workload.group_body(NS, "next", {workload.GPU: 2}))
         cluster.create(workload.pod_body(NS, "next-0", "next"))
-        await workload.until(lambda: workload.bound_pods(cluster, NS), "next-0 bound", 10)
+        await workload.until(lambda: workload.bound_pods(cluster, NS), "next-0 bound")
     finally:
         await kill(running)
 
@@ -134,7 +144,7 @@ async def test_a_group_force_deleted_during_a_watch_relist_gives_its_devices_bac
         cluster.resume_watches()
         cluster.create(workload.group_body(NS, "next", {workload.GPU: 2}))
         cluster.create(workload.pod_body(NS, "next-0", "next"))
-        await workload.until(lambda: workload.bound_pods(cluster, NS), "next-0 bound on the freed devices", 10)
+        await workload.until(lambda: workload.bound_pods(cluster, NS), "next-0 bound on the freed devices")
         missed = running.memo.runtime.ctx.metrics.missed_deletions
         assert missed.labels("group")._value.get() == 1
         assert missed.labels("pod")._value.get() == 1
@@ -149,15 +159,16 @@ async def test_the_audit_finds_a_group_deleted_while_its_watch_hangs(cluster: An
     running = await launch(operator_config(cluster, audit_interval=0.5))
     try:
         await place_and_settle(cluster, "hidden")
-        cluster.inject_fault("GET", rf"^/apis/{names.GROUP}/{names.VERSION}/{names.PLURAL}$", delay=60.0, times=1)
+        hung = cluster.inject_fault("GET", rf"^/apis/{names.GROUP}/{names.VERSION}/{names.PLURAL}$", hold=True)
         cluster.drop_watches()
-        await asyncio.sleep(0.3)  # the group watch is back, hanging; the pod watch is live
+        await workload.until(lambda: hung.fired and cluster.open_watches("pods"),
+                             "the group watch back but hanging, the pod watch live")
         cluster.delete("pods", "hidden-0", NS)
         cluster.patch(names.PLURAL, "hidden", {"metadata": {"finalizers": None}}, NS)
         cluster.delete(names.PLURAL, "hidden", NS)
         cluster.create(workload.group_body(NS, "next", {workload.GPU: 2}))
         cluster.create(workload.pod_body(NS, "next-0", "next"))
-        await workload.until(lambda: workload.bound_pods(cluster, NS), "next-0 bound on the freed devices", 10)
+        await workload.until(lambda: workload.bound_pods(cluster, NS), "next-0 bound on the freed devices")
         assert running.memo.runtime.ctx.metrics.missed_deletions.labels("group")._value.get() == 1
     finally:
         cluster.clear_faults()
@@ -174,7 +185,12 @@ async def place_and_settle(cluster: Any, group: str) -> None:
         and (cluster.get(names.PLURAL, group, NS).get("status") or {}).get("members") == [f"{group}-0"],
         "the finalizer and a Bound status on the group",
     )
-    await asyncio.sleep(0.2)
+
+    def reasons(name: str) -> set[str]:
+        return {e["reason"] for e in cluster.list("events", NS) if e["involvedObject"]["name"] == name}
+
+    # The placement's last write: the pod's Scheduled event.
+    await workload.until(lambda: "Scheduled" in reasons(f"{group}-0"), "the Scheduled event")
 
 
 async def test_a_member_is_read_again_while_the_pod_watch_hangs(cluster: Any) -> None:
@@ -187,12 +203,13 @@ async def test_a_member_is_read_again_while_the_pod_watch_hangs(cluster: Any) ->
         cluster.create(workload.pod_body(NS, "hung-0", "hung"))
         await workload.until(lambda: workload.bound_pods(cluster, NS), "hung-0 bound")
         await workload.until(lambda: has_finalizer(cluster, "hung"), "the finalizer on the group")
-        cluster.inject_fault("GET", r"^/api/v1/pods$", delay=60.0, times=1)
+        hung = cluster.inject_fault("GET", r"^/api/v1/pods$", hold=True)
         cluster.drop_watches()
-        await asyncio.sleep(0.3)  # the pod watch is back, hanging; the group watch is live
+        await workload.until(lambda: hung.fired and cluster.open_watches(names.PLURAL),
+                             "the pod watch back but hanging, the group watch live")
         cluster.delete("pods", "hung-0", NS)
         cluster.delete(names.PLURAL, "hung", NS)
-        await workload.until(lambda: cluster.get(names.PLURAL, "hung", NS) is None, "the group released and gone", 10)
+        await workload.until(lambda: cluster.get(names.PLURAL, "hung", NS) is None, "the group released and gone")
         assert running.memo.runtime.ctx.metrics.missed_deletions.labels("pod")._value.get() == 1
     finally:
         cluster.clear_faults()

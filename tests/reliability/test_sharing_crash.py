@@ -6,7 +6,6 @@ and its devices from its status; it must then place exactly what still fits, no 
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import pytest
@@ -35,25 +34,26 @@ async def test_a_kill_mid_burst_loses_no_share_and_doubles_none(
 ) -> None:
     """Also with ``schedulingStrategy: fgd``: its choice is reserved and rebuilt like any other."""
     workload.ensure_namespace(cluster, NS)
-    # Every binding is slowed, so the kill lands with placements decided, persisted and in flight.
-    slow = cluster.inject_fault("POST", rf"/namespaces/{NS}/pods/[^/]+/binding$", delay=0.5, times=None)
+    # Every binding is held, so the kill lands with placements decided, persisted and in flight.
+    held = cluster.inject_fault("POST", rf"/namespaces/{NS}/pods/[^/]+/binding$", hold=True, times=None)
     first = await launch(operator_config(cluster))
     for i in range(GROUPS):
         cluster.create(workload.group_body(NS, f"g{i}", {workload.GPU: 1}, share={workload.GPU: {"compute": "250m"}},
                                            schedulingStrategy=strategy))
         cluster.create(workload.pod_body(NS, f"g{i}-0", f"g{i}"))
-    await workload.until(lambda: slow.fired >= 3, "bindings of the burst in flight", 10, 0.005)
+    await workload.until(lambda: held.fired >= 3, "bindings of the burst in flight")
     await kill(first)
-    assert len(bound(cluster)) < 8, "the kill came too late to test anything"
-    await asyncio.sleep(0.7)  # the dead operator's last requests land
+    in_flight = held.fired
+    assert bound(cluster) == [] and held.answered == []  # nothing landed before the kill
+    cluster.clear_faults()  # the dead operator's bindings land now
+    await workload.until(lambda: len(held.answered) == in_flight, "the dead operator's last bindings answered")
+    assert set(held.answered) == {201}
+    assert len(bound(cluster)) == in_flight
     watchdog.check()
 
-    cluster.clear_faults()
     second = await launch(operator_config(cluster))
     try:
-        await workload.until(lambda: len(bound(cluster)) == 8, "8 of the 10 groups placed after the restart", 20)
-        await asyncio.sleep(0.5)
-        assert len(bound(cluster)) == 8, "more compute handed out than the 2 GPUs have"
+        await workload.until(lambda: len(bound(cluster)) == 8, "8 of the 10 groups placed after the restart")
         snap = invariants.from_sandbox(cluster)
         invariants.assert_no_double_allocation(snap)
         await workload.until(lambda: not invariants.half_bound(invariants.from_sandbox(cluster)),
@@ -63,12 +63,14 @@ async def test_a_kill_mid_burst_loses_no_share_and_doubles_none(
             for device in invariants.pod_devices(pod)[workload.GPU]:
                 per_device[device] = per_device.get(device, 0) + 1
         assert per_device == {"0": 4, "1": 4}
-        waiting = [p for p in cluster.list("pods", NS) if not p["spec"].get("nodeName")]
+        # The successor has decided all ten: the two it could not place wait in its queue, parked.
+        await workload.until(lambda: second.runtime.queue.parked == 2, "the two left over parked as unschedulable")
+        assert len(bound(cluster)) == 8, "more compute handed out than the 2 GPUs have"
+        waiting = [p["metadata"]["name"] for p in cluster.list("pods", NS) if not p["spec"].get("nodeName")]
         assert len(waiting) == 2
         await workload.until(
             lambda: any("insufficient nvidia.com/gpu compute" in (c.get("message") or "")
-                        for c in (cluster.get("pods", waiting[0]["metadata"]["name"], NS) or {})
-                        .get("status", {}).get("conditions") or []),
+                        for c in (cluster.get("pods", waiting[0], NS) or {}).get("status", {}).get("conditions") or []),
             "a waiting group told why",
         )
         # Releasing one share lets exactly one waiting group in.

@@ -7,7 +7,6 @@ watch is behind: it reads the group from the API instead.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from deviceshare.api import names
@@ -25,15 +24,16 @@ async def test_a_pod_seen_before_its_group_is_placed_without_a_failed_scheduling
         cluster.create(workload.group_body(NS, "warm", {workload.GPU: 1}))
         cluster.create(workload.pod_body(NS, "warm-0", "warm"))
         await workload.until(lambda: workload.bound_pods(cluster, NS), "the operator warmed up")
-        # The group watch reconnects slowly; the pod watch at once.
-        cluster.inject_fault("GET", rf"^/apis/{names.GROUP}/{names.VERSION}/{names.PLURAL}$", delay=5.0, times=1)
+        # The group watch's reconnect is held; the pod watch reconnects at once.
+        behind = cluster.inject_fault("GET", rf"^/apis/{names.GROUP}/{names.VERSION}/{names.PLURAL}$", hold=True)
         cluster.drop_watches()
-        await asyncio.sleep(0.3)
+        await workload.until(lambda: behind.fired and cluster.open_watches("pods"),
+                             "the group watch held, the pod watch back")
         cluster.create(workload.group_body(NS, "late", {workload.GPU: 1}))
         cluster.create(workload.pod_body(NS, "late-0", "late"))
-        await workload.until(
-            lambda: len(workload.bound_pods(cluster, NS)) == 2, "late-0 bound before its group's watch event", 4
-        )
+        await workload.until(lambda: len(workload.bound_pods(cluster, NS)) == 2, "late-0 bound")
+        assert behind.answered == [], "the group watch caught up first: the pod did not come before its group"
+        behind.release()
 
         def reasons() -> set[str]:
             return {e["reason"] for e in cluster.list("events", NS) if e["involvedObject"]["name"] == "late-0"}

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import random
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from deviceshare.api import names
+from tests import waiting
 
 GPU = "nvidia.com/gpu"
 
@@ -57,18 +57,18 @@ def ensure_namespace(cluster: Any, ns: str) -> None:
         cluster.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
 
 
+def failed_scheduling(cluster: Any, ns: str, pod: str) -> int:
+    """How many times the scheduler has said why ``pod`` waits (repeats are counted on one Event)."""
+    return sum(int(e.get("count") or 1) for e in cluster.list("events", ns)
+               if e["involvedObject"]["name"] == pod and e["reason"] == "FailedScheduling")
+
+
 def bound_pods(cluster: Any, ns: str | None = None) -> list[dict[str, Any]]:
     return [p for p in cluster.list("pods", ns) if (p.get("spec") or {}).get("nodeName")]
 
 
-async def until(probe: Callable[[], Any], what: str, timeout: float = 20.0, interval: float = 0.05) -> Any:
+async def until(
+    probe: Callable[[], Any], what: str, timeout: float = waiting.HANG_GUARD, interval: float = waiting.POLL
+) -> Any:
     """Poll a synchronous probe (reading the sandbox store) until it returns something truthy."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        result = probe()
-        if result:
-            return result
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(interval)
+    return await waiting.until(probe, what, timeout=timeout, interval=interval)

@@ -26,14 +26,15 @@ class FakeWebhook:
     def __init__(self) -> None:
         self.reviews: list[dict[str, Any]] = []
         self.deny: str | None = None
-        self.delay = 0.0
+        self.answering = asyncio.Event()  # cleared: reviews are taken and never answered (a hung webhook)
+        self.answering.set()
         self.url = ""
         self.ca = b""
 
     async def handle(self, request: aiohttp.web.Request) -> aiohttp.web.Response:
         review = await request.json()
         self.reviews.append(review)
-        await asyncio.sleep(self.delay)
+        await self.answering.wait()
         uid = review["request"]["uid"]
         if self.deny:
             return aiohttp.web.json_response(
@@ -74,6 +75,7 @@ async def webhook(tmp_path: Path) -> AsyncIterator[FakeWebhook]:
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     hook.url = f"https://127.0.0.1:{port}"
     yield hook
+    hook.answering.set()
     await runner.cleanup()
 
 
@@ -167,9 +169,10 @@ async def test_failure_policy_decides_when_the_webhook_cannot_answer(
         other_ca, _ = tls.make_ca_and_server(tmp_path, [])
         client["caBundle"] = base64.b64encode(other_ca).decode()
     else:
-        webhook.delay = 1.5
+        webhook.answering.clear()  # the review arrives and is never answered: the 1 s timeout must end it
     sandbox.create(config)
     status, body = await http.call("POST", PODS, member("p"))
+    assert len(webhook.reviews) == (1 if breakage == "timeout" else 0)  # each breaks where it says
     if created:
         assert status == 201 and body["spec"]["schedulerName"] == "default-scheduler"
     else:

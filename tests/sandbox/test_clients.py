@@ -14,18 +14,19 @@ import pytest
 from kubernetes_asyncio import client, config, watch
 
 from deviceshare.sandbox import Sandbox
+from tests import waiting
 from tests.sandbox.helpers import sdg
 
 KUBECTL = shutil.which("kubectl")
 
 
 async def _bound(sandbox: Sandbox, name: str) -> dict[str, Any]:
-    for _ in range(300):
+    def bound() -> dict[str, Any] | None:
         group = sandbox.get("sdg", name, "default")
-        if group and group.get("status", {}).get("phase") == "Bound":
-            return group
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"{name} was not handled")
+        return group if group and group.get("status", {}).get("phase") == "Bound" else None
+
+    result: dict[str, Any] = await waiting.until(bound, f"{name} handled")
+    return result
 
 
 async def test_a_kopf_operator_runs_in_process_against_the_sandbox(sandbox: Sandbox) -> None:
@@ -70,7 +71,7 @@ async def test_a_kopf_operator_runs_in_process_against_the_sandbox(sandbox: Sand
         assert seen == ["g", "after-410"]
     finally:
         stop.set_result(None)
-        await asyncio.wait_for(task, 10)
+        await asyncio.wait_for(task, waiting.HANG_GUARD)
 
 
 async def test_kubernetes_asyncio_with_the_written_kubeconfig(sandbox: Sandbox) -> None:

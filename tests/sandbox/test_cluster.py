@@ -2,22 +2,26 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from deviceshare.sandbox import Sandbox
+from tests import waiting
 from tests.sandbox.helpers import PODS, SDG, Http, pod, sdg
 
 TABLE = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"
 
 
-async def until(check: Any, attempts: int = 300) -> Any:
-    for _ in range(attempts):
-        found = check()
-        if found:
-            return found
-        await asyncio.sleep(0.01)
-    raise AssertionError("condition not reached")
+def running(sandbox: Sandbox, name: str) -> dict[str, Any] | None:
+    pod = sandbox.get("pods", name, "default")
+    return pod if pod and pod["status"]["phase"] == "Running" else None
+
+
+async def kubelet_caught_up(sandbox: Sandbox, witness: str) -> None:
+    """A pod bound to a Ready node now runs once the kubelet's delay has passed: every pod it saw before,
+    with the same delay, has been decided by then (its timers fire in order)."""
+    sandbox.create(pod(witness))
+    sandbox.bind("default", witness, "gpu-node-0")
+    await waiting.until(lambda: running(sandbox, witness), f"{witness} Running")
 
 
 async def test_nodes_are_shared_gpu_nodes(sandbox: Sandbox) -> None:
@@ -70,21 +74,19 @@ async def test_binding_sets_node_and_a_second_binding_is_409(sandbox: Sandbox, h
 
 async def test_kubelet_runs_bound_pods_and_completes_them(sandbox: Sandbox, http: Http) -> None:
     await http.call("POST", PODS, pod("p"))
-    await asyncio.sleep(0.05)
+    await kubelet_caught_up(sandbox, "witness")
     unbound = sandbox.get("pods", "p", "default")
     assert unbound is not None and unbound["status"]["phase"] == "Pending"
     sandbox.bind("default", "p", "gpu-node-0")
-    running = await until(
-        lambda: (p := sandbox.get("pods", "p", "default")) and p["status"]["phase"] == "Running" and p
-    )
-    ready = {c["type"]: c["status"] for c in running["status"]["conditions"]}
+    started = await waiting.until(lambda: running(sandbox, "p"), "p Running")
+    ready = {c["type"]: c["status"] for c in started["status"]["conditions"]}
     assert ready == {
         "PodScheduled": "True",
         "Initialized": "True",
         "ContainersReady": "True",
         "Ready": "True",
     }
-    assert running["status"]["containerStatuses"][0]["state"]["running"]
+    assert started["status"]["containerStatuses"][0]["state"]["running"]
     done = sandbox.complete_pod("default", "p")
     assert done["status"]["phase"] == "Succeeded"
     assert done["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"] == 0
@@ -95,8 +97,9 @@ async def test_pods_bound_to_a_missing_or_not_ready_node_stay_pending(sandbox: S
     for name, node in (("a", "sick"), ("b", "ghost-node")):
         sandbox.create(pod(name))
         sandbox.bind("default", name, node)
-    await asyncio.sleep(0.1)
-    assert [p["status"]["phase"] for p in sandbox.list("pods", "default")] == ["Pending", "Pending"]
+    await kubelet_caught_up(sandbox, "witness")
+    assert {p["metadata"]["name"]: p["status"]["phase"] for p in sandbox.list("pods", "default")} == {
+        "a": "Pending", "b": "Pending", "witness": "Running"}
 
 
 async def test_deleting_a_pod_without_finalizers_removes_it(sandbox: Sandbox, http: Http) -> None:

@@ -12,6 +12,7 @@ import yaml
 
 from deviceshare.cli import build_parser
 from deviceshare.sandbox import Sandbox, cluster
+from tests import waiting
 
 
 def test_flags_and_defaults() -> None:
@@ -62,7 +63,7 @@ def test_command_prints_the_kubeconfig_and_stops_on_ctrl_c(tmp_path: Path, repo_
         assert kubeconfig.exists()
     finally:
         process.send_signal(signal.SIGINT)
-        assert process.wait(timeout=20) == 0
+        assert process.wait(timeout=waiting.HANG_GUARD) == 0
 
 
 async def test_only_crds_are_taken_from_the_crds_folder(tmp_path: Path, repo_root: Path) -> None:

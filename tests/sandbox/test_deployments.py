@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from deviceshare.sandbox import Sandbox
+from tests import waiting
 from tests.sandbox.helpers import sdg
 from tests.sandbox.test_clients import KUBECTL, kubectl
 
@@ -49,12 +50,7 @@ def pod_names(sandbox: Sandbox) -> list[str]:
 
 
 async def eventually(check: Callable[[], Any], what: str) -> Any:
-    for _ in range(250):
-        found = check()
-        if found:
-            return found
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
+    return await waiting.until(check, what)
 
 
 async def test_kubectl_scale_makes_and_removes_pods(cluster: Sandbox, tmp_path: Path) -> None:

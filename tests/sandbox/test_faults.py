@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import aiohttp
 
 from deviceshare.sandbox import Sandbox
+from tests import waiting
 from tests.sandbox.helpers import SDG, Http, sdg
 
 MERGE = "application/merge-patch+json"
@@ -55,18 +57,36 @@ async def test_kmock_reactions_take_precedence(sandbox: Sandbox, http: Http) -> 
 
 
 async def test_stalled_watches_deliver_nothing_until_resumed(sandbox: Sandbox, http: Http) -> None:
-    import asyncio
-
     rv = sandbox.store.resource_version
     sandbox.stall_watches()
-    watching = asyncio.create_task(http.watch(SDG, {"resourceVersion": rv, "timeoutSeconds": "5"}, limit=1))
-    await asyncio.sleep(0.05)
+    watching = asyncio.create_task(http.watch(SDG, {"resourceVersion": rv, "timeoutSeconds": "60"}, limit=1))
+    await waiting.until(lambda: sandbox.open_watches("shareddevicegroups"), "the watch open")
     sandbox.create(sdg("g"))
-    await asyncio.sleep(0.1)
+    # The stream has taken the event off its queue: it now holds it, waiting for the watches to flow.
+    (sub,) = sandbox.store.subscriptions(sandbox.store.rtype("shareddevicegroups").key)
+    await waiting.until(sub.queue.empty, "the stream to take the event")
     assert not watching.done()
     sandbox.resume_watches()
-    events = await asyncio.wait_for(watching, 2)
+    events = await watching
     assert events[0]["object"]["metadata"]["name"] == "g"
+
+
+async def test_a_held_request_waits_until_released_and_its_answer_is_recorded(sandbox: Sandbox, http: Http) -> None:
+    fault = sandbox.inject_fault("POST", r"/shareddevicegroups$", hold=True)
+    creating = asyncio.create_task(http.call("POST", SDG, sdg("held")))
+    await waiting.until(lambda: fault.fired, "the request to arrive")
+    assert sandbox.get("sdg", "held", "default") is None and fault.answered == []  # in flight, not stored
+    fault.release()
+    status, _ = await creating
+    assert status == 201 and fault.answered == [201]
+    assert sandbox.get("sdg", "held", "default") is not None
+    # A held request that is then refused says so too; clear_faults() lets held requests through.
+    refused = sandbox.inject_fault("POST", r"/shareddevicegroups$", status=409, hold=True)
+    creating = asyncio.create_task(http.call("POST", SDG, sdg("again")))
+    await waiting.until(lambda: refused.fired, "the second request to arrive")
+    sandbox.clear_faults()
+    status, _ = await creating
+    assert status == 409 and refused.answered == [409]
 
 
 async def test_a_write_applied_then_answered_504_has_landed(sandbox: Sandbox, http: Http) -> None:

@@ -5,20 +5,23 @@ from __future__ import annotations
 import asyncio
 
 from deviceshare.sandbox import Sandbox
+from tests import waiting
 from tests.sandbox.helpers import PODS, SDG, Http, pod, sdg
 
 MERGE = "application/merge-patch+json"
+HANG_GUARD = str(int(waiting.HANG_GUARD))  # a watch that outlives it ends, and the test fails
 
 
 async def test_watch_without_version_lists_then_streams(sandbox: Sandbox, http: Http) -> None:
     await http.call("POST", SDG, sdg("old"))
 
     async def later() -> None:
-        await asyncio.sleep(0.05)
+        # Once the watch is open, so that "new" comes on the stream and not in the initial list.
+        await waiting.until(lambda: sandbox.open_watches("shareddevicegroups"), "the watch open")
         await http.call("POST", SDG, sdg("new"))
 
     task = asyncio.create_task(later())
-    events = await http.watch(SDG, {"timeoutSeconds": "1"}, limit=2)
+    events = await http.watch(SDG, {"timeoutSeconds": HANG_GUARD}, limit=2)
     await task
     assert [(e["type"], e["object"]["metadata"]["name"]) for e in events] == [
         ("ADDED", "old"),
@@ -133,12 +136,12 @@ async def test_dropped_watches_end_and_clients_resume_without_loss(sandbox: Sand
     rv = sandbox.store.resource_version
 
     async def drop_then_write() -> None:
-        await asyncio.sleep(0.1)
-        assert sandbox.drop_watches() >= 1
+        await waiting.until(lambda: sandbox.open_watches("shareddevicegroups"), "the watch open")
+        assert sandbox.drop_watches() == 1
         sandbox.create(sdg("while-away"))
 
     task = asyncio.create_task(drop_then_write())
-    first = await http.watch(SDG, {"resourceVersion": rv, "timeoutSeconds": "5"})
+    first = await http.watch(SDG, {"resourceVersion": rv, "timeoutSeconds": HANG_GUARD})  # ends when dropped
     await task
     assert first == []
     resumed = await http.watch(SDG, {"resourceVersion": rv, "timeoutSeconds": "0.2"})

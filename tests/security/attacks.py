@@ -6,7 +6,6 @@ back from the API's ``Status`` body (code and message), which is what the attack
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
 from collections.abc import Awaitable, Callable, Mapping
@@ -15,6 +14,7 @@ from typing import Any
 from kubernetes_asyncio import client as k8s
 
 from deviceshare.api import names
+from tests import waiting
 from tests.operator.kube import Kube
 
 TENANT_NAMESPACES = ("team-a", "team-b")
@@ -128,9 +128,5 @@ async def member(kube: Kube, ns: str, group_name: str, pod_name: str) -> dict[st
     return await kube.wait_bound(ns, pod_name)
 
 
-async def until(condition: Callable[[], bool], what: str, timeout_s: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not condition():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        await asyncio.sleep(0.02)
+async def until(condition: Callable[[], bool], what: str, timeout_s: float = waiting.HANG_GUARD) -> None:
+    await waiting.until(condition, what, timeout=timeout_s)

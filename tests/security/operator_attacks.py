@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import urllib.parse
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -28,9 +29,10 @@ from deviceshare.api import names
 from deviceshare.operator.command import OperatorThread
 from deviceshare.sandbox import Sandbox
 from deviceshare.webhooks import certs, configuration, server
+from tests import waiting
 from tests.operator.conftest import operator_config, start_operator
 from tests.operator.kube import Kube
-from tests.reliability import invariants
+from tests.reliability import invariants, workload
 
 GPU = "nvidia.com/gpu"
 ENV = "NVIDIA_VISIBLE_DEVICES"
@@ -104,7 +106,7 @@ async def system(cluster: Sandbox, kube: Kube, tmp_path: Path) -> AsyncIterator[
     running: OperatorThread | None = None
     try:
         cluster.create(configuration.build(ca_bundle=bundle.ca_pem, url=hook.url))
-        assert hook.index is not None and await hook.index.wait_synced(10)
+        assert hook.index is not None and await hook.index.wait_synced(waiting.HANG_GUARD)
         running = await start_operator(operator_config(cluster))
         sys_ = System(cluster, kube, running, hook)
         yield sys_
@@ -206,6 +208,21 @@ async def refusal(system: System, ns: str, name: str, *words: str, reason: str =
     message: str = await system.kube.wait_for(condition, f"{ns}/{name}: PodScheduled=False/{reason} with {words}")
     await system.kube.wait_for(event, f"{ns}/{name}: a FailedScheduling event with {words}")
     return message
+
+
+async def decided_again(system: System, ns: str, name: str) -> None:
+    """Wait until the scheduler has decided the waiting pod ``ns/name`` once more, after this call, and said
+    why it still waits (its FailedScheduling count rose): a placement that should not happen had its chance."""
+    before = workload.failed_scheduling(system.cluster, ns, name)
+    await system.kube.wait_for(lambda: workload.failed_scheduling(system.cluster, ns, name) > before,
+                               f"{ns}/{name} decided again")
+
+
+def requests_naming(system: System, text: str) -> list[str]:
+    """Requests the API server received whose path or query contains ``text`` (raw or URL-quoted)."""
+    quoted = urllib.parse.quote(text, safe="")
+    return [f"{r.method.value} {r.url.raw_path_qs}" for r in system.cluster.api
+            if any(t in r.url.raw_path_qs or t in urllib.parse.unquote(r.url.raw_path_qs) for t in (text, quoted))]
 
 
 def node_of(system: System, ns: str, name: str) -> str | None:

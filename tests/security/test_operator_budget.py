@@ -14,6 +14,7 @@ from tests.security.operator_attacks import (
     GPU,
     System,
     assert_safe,
+    decided_again,
     group_status,
     node_of,
     refusal,
@@ -60,7 +61,7 @@ async def test_two_groups_created_at_once_are_not_both_placed_beyond_the_quota(s
     await kube.wait_group("team-a", loser, lambda g: any(
         c.get("type") == names.CONDITION_SCHEDULED and "over its device budget" in c.get("message", "")
         for c in (g.get("status") or {}).get("conditions") or []), "the group's status names the quota")
-    await asyncio.sleep(0.3)  # a second placement, had there been one, would have happened by now
+    await decided_again(system, "team-a", f"{loser}-0")  # a second chance to place it, refused again
     assert node_of(system, "team-a", f"{loser}-0") is None
     assert group_status(system, "team-a", loser).get("allocatedDevices") is None
     await system.kube.wait_bound("team-a", f"{winner}-0")
@@ -73,7 +74,7 @@ async def test_two_groups_created_at_once_are_not_both_placed_beyond_the_quota(s
     # The winner goes: its devices leave the namespace's budget and the loser is placed.
     await kube.delete_pod("team-a", f"{winner}-0")
     await kube.delete_group("team-a", winner)
-    await kube.wait_bound("team-a", f"{loser}-0", timeout=15)
+    await kube.wait_bound("team-a", f"{loser}-0")
     assert_safe(system)
 
 

@@ -20,6 +20,7 @@ from typing import Any
 from aiohttp import web
 
 from deviceshare.api import names
+from tests import waiting
 
 PODS = "pods"
 GROUPS = names.PLURAL
@@ -40,7 +41,8 @@ class FakeApi:
         self.oldest_rv = 0  # watches from before this version get 410
         self.watchers: list[tuple[str, asyncio.Queue[tuple[str, dict[str, Any]] | None]]] = []
         self.fail_next = 0  # answer that many requests with 500
-        self.list_delay_s = 0.0
+        self.lists_flowing = asyncio.Event()  # cleared: list requests wait until it is set (a slow API server)
+        self.lists_flowing.set()
         self.requests: list[tuple[str, dict[str, str]]] = []
         self.held: list[tuple[str, str, dict[str, Any]]] | None = None  # watch events not sent yet
         self.stale_gets: dict[tuple[str, str], dict[str, Any]] = {}  # what a group GET answers instead
@@ -124,6 +126,7 @@ class FakeApi:
         return self.url
 
     async def stop(self) -> None:
+        self.lists_flowing.set()
         self.end_watches()
         if self._runner is not None:
             await self._runner.cleanup()
@@ -139,8 +142,7 @@ class FakeApi:
                 return web.json_response({"kind": "Status", "code": 500, "message": "boom"}, status=500)
             if query.get("watch") in ("true", "True", "1"):
                 return await self._watch(request, collection, query)
-            if self.list_delay_s:
-                await asyncio.sleep(self.list_delay_s)
+            await self.lists_flowing.wait()
             return self._list(collection, query)
 
         return handle
@@ -195,11 +197,9 @@ class FakeApi:
         return resp
 
 
-async def until(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
+async def until(condition: Callable[[], bool], timeout_s: float = waiting.HANG_GUARD) -> None:
     """Wait for state that a watch or a reload changes in the background (no event to wait on)."""
-    async with asyncio.timeout(timeout_s):
-        while not condition():
-            await asyncio.sleep(0.005)
+    await waiting.until(condition, "a state changed in the background", timeout=timeout_s, interval=0.005)
 
 
 def group(namespace: str, name: str, resources: dict[str, int] | None = None, **spec: Any) -> dict[str, Any]:

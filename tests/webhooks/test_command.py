@@ -16,6 +16,7 @@ import aiohttp
 import yaml
 
 from deviceshare.webhooks import certs
+from tests import waiting
 from tests.webhooks import fakeapi
 from tests.webhooks.fakeapi import GROUPS
 from tests.webhooks.test_admission import make_review, pod
@@ -68,14 +69,13 @@ async def test_serves_reloads_on_sighup_and_stops_on_sigterm(
         env={**os.environ, "PYTHONPATH": str(SRC), "DEVICESHARE_SCHEDULER_NAME": "sched-x"},
     )  # fmt: skip
     try:
-        async with asyncio.timeout(30):
-            while True:
-                try:
-                    if await get_status(url + "/readyz", bundle.ca_pem) == 200:
-                        break
-                except aiohttp.ClientConnectionError:
-                    pass
-                await asyncio.sleep(0.1)
+        async def answers(path: str, ca_pem: bytes) -> bool:
+            try:
+                return await get_status(url + path, ca_pem) == 200
+            except aiohttp.ClientConnectionError:  # not listening yet, or (after the rotation) the old CA
+                return False
+
+        await waiting.until(lambda: answers("/readyz", bundle.ca_pem), "the webhook ready", interval=0.1)
         connector = aiohttp.TCPConnector(ssl=ssl.create_default_context(cadata=bundle.ca_pem.decode()))
         body = json.dumps(make_review(pod("trainer")))
         async with (
@@ -91,16 +91,10 @@ async def test_serves_reloads_on_sighup_and_stops_on_sigterm(
         rotated = certs.generate(["127.0.0.1"])
         rotated.write(cert.parent)
         proc.send_signal(signal.SIGHUP)
-        async with asyncio.timeout(10):
-            while True:
-                try:
-                    if await get_status(url + "/healthz", rotated.ca_pem) == 200:
-                        break
-                except aiohttp.ClientConnectorCertificateError:
-                    await asyncio.sleep(0.05)
+        await waiting.until(lambda: answers("/healthz", rotated.ca_pem), "the new certificate served")
 
         proc.send_signal(signal.SIGTERM)
-        async with asyncio.timeout(15):
+        async with asyncio.timeout(waiting.HANG_GUARD):
             assert await proc.wait() == 0
     finally:
         if proc.returncode is None:

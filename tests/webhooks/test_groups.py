@@ -8,6 +8,7 @@ import pytest
 from kubernetes_asyncio import client
 
 from deviceshare.webhooks import admission, groups
+from tests import waiting
 from tests.webhooks import fakeapi
 from tests.webhooks.fakeapi import GROUPS, PODS
 
@@ -23,12 +24,13 @@ async def test_warming_until_both_lists_arrive(
     fake_api: fakeapi.FakeApi, index: groups.GroupIndex, api_client: client.ApiClient
 ) -> None:
     fake_api.put(GROUPS, fakeapi.group("ml", "trainer"))
-    fake_api.list_delay_s = 0.3
+    fake_api.lists_flowing.clear()  # the lists are held until the test lets them through
     assert index.group("ml", "trainer") is admission.WARMING
     index.start(api_client)
     assert await index.wait_synced(0.01) is False
     assert index.group("ml", "trainer") is admission.WARMING
-    assert await index.wait_synced(5.0) is True
+    fake_api.lists_flowing.set()
+    assert await index.wait_synced(waiting.HANG_GUARD) is True
     spec = index.group("ml", "trainer")
     assert spec is not admission.WARMING and spec is not None
     assert spec.resources == {"nvidia.com/gpu": 1}
@@ -38,7 +40,7 @@ async def test_follows_group_changes(
     fake_api: fakeapi.FakeApi, index: groups.GroupIndex, api_client: client.ApiClient
 ) -> None:
     index.start(api_client)
-    await index.wait_synced(5.0)
+    await index.wait_synced(waiting.HANG_GUARD)
     assert index.group("ml", "trainer") is None
     fake_api.put(GROUPS, fakeapi.group("ml", "trainer", {"amd.com/gpu": 2}))
     await fakeapi.until(lambda: index.group("ml", "trainer") is not None)
@@ -59,7 +61,7 @@ async def test_invalid_spec_is_treated_as_absent(
     fake_api.put(GROUPS, fakeapi.group("ml", "good"))
     fake_api.put(GROUPS, {**fakeapi.group("ml", "bad"), "spec": {"resources": {}}})
     index.start(api_client)
-    await index.wait_synced(5.0)
+    await index.wait_synced(waiting.HANG_GUARD)
     assert index.group("ml", "good") is not None
     assert index.group("ml", "bad") is None
 
@@ -78,7 +80,7 @@ async def test_member_count_excludes_terminated_and_deleting(
         PODS, {"metadata": {"namespace": "ml", "name": "unlabelled"}, "status": {"phase": "Running"}}
     )
     index.start(api_client)
-    await index.wait_synced(5.0)
+    await index.wait_synced(waiting.HANG_GUARD)
     assert index.member_count("ml", "trainer") == 1
     assert index.member_count("ml", "other") == 1
     assert index.member_count("dev", "trainer") == 1
@@ -97,7 +99,7 @@ async def test_resumes_after_watch_ends_without_relisting(
     fake_api: fakeapi.FakeApi, index: groups.GroupIndex, api_client: client.ApiClient
 ) -> None:
     index.start(api_client)
-    await index.wait_synced(5.0)
+    await index.wait_synced(waiting.HANG_GUARD)
     await fakeapi.until(lambda: fake_api.watch_count(GROUPS) == 1)
     fake_api.end_watches()
     fake_api.put(GROUPS, fakeapi.group("ml", "late"))  # happens while no watch is open
@@ -112,7 +114,7 @@ async def test_relists_when_resource_version_expired(
 ) -> None:
     fake_api.put(GROUPS, fakeapi.group("ml", "old"))
     index.start(api_client)
-    await index.wait_synced(5.0)
+    await index.wait_synced(waiting.HANG_GUARD)
     await fakeapi.until(lambda: fake_api.watch_count(GROUPS) == 1)
     fake_api.end_watches()
     # While disconnected: history is compacted, so the resumed watch gets 410 and must relist.
@@ -130,7 +132,7 @@ async def test_retries_with_backoff_while_the_api_fails(
     fake_api.fail_next = 3
     fake_api.put(GROUPS, fakeapi.group("ml", "trainer"))
     index.start(api_client)
-    assert await index.wait_synced(10.0)
+    assert await index.wait_synced(waiting.HANG_GUARD)
     assert index.group("ml", "trainer") is not None
 
 
@@ -140,7 +142,7 @@ async def test_lists_in_pages(fake_api: fakeapi.FakeApi, api_client: client.ApiC
     index = groups.GroupIndex()
     index.start(api_client, page_size=3)
     try:
-        await index.wait_synced(5.0)
+        await index.wait_synced(waiting.HANG_GUARD)
         assert index.member_count("ml", "trainer") == 7
         pages = [q for c, q in fake_api.requests if c == PODS and "watch" not in q]
         assert [q.get("continue") for q in pages] == [None, "3", "6"]

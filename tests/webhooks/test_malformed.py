@@ -27,6 +27,7 @@ from kubernetes_asyncio import client
 from deviceshare.api import names
 from deviceshare.sandbox import Sandbox
 from deviceshare.webhooks import certs, configuration, server
+from tests import waiting
 from tests.webhooks import fakeapi
 from tests.webhooks.test_admission import make_review, pod
 
@@ -257,7 +258,7 @@ async def hook(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[tuple[
     async with client.ApiClient(configuration=client.Configuration(host=api.url)) as api_client:
         running = await server.start_webhook(tls_cert=cert, tls_key=key, api_client=api_client)
         try:
-            assert running.index is not None and await running.index.wait_synced(10.0)
+            assert running.index is not None and await running.index.wait_synced(waiting.HANG_GUARD)
             async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=context)) as http:
                 yield running, http
         finally:
@@ -390,7 +391,7 @@ async def test_the_user_gets_the_400_and_its_message_through_the_api_server(tmp_
         _, cert, key = bundle.write(tmp_path)
         running = await server.start_webhook(tls_cert=cert, tls_key=key, kubeconfig=str(sandbox.kubeconfig))
         try:
-            assert running.index is not None and await running.index.wait_synced(5.0)
+            assert running.index is not None and await running.index.wait_synced(waiting.HANG_GUARD)
             hooks = configuration.build(ca_bundle=bundle.ca_pem, url=running.url)
             assert hooks["webhooks"][0]["failurePolicy"] == "Fail"
             sandbox.create(hooks)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import ssl
@@ -17,6 +16,7 @@ from kubernetes_asyncio import client
 from deviceshare.api import envnames, names
 from deviceshare.sandbox import Sandbox
 from deviceshare.webhooks import admission, certs, misses, server
+from tests import waiting
 from tests.webhooks import fakeapi
 from tests.webhooks.fakeapi import GROUPS, PODS
 from tests.webhooks.test_admission import make_review, pod
@@ -53,7 +53,7 @@ async def post(http: aiohttp.ClientSession, running: server.RunningWebhook, body
 
 
 async def test_admission_over_https(webhook: server.RunningWebhook, http: aiohttp.ClientSession) -> None:
-    await webhook.webhook.lookup.wait_synced(5.0)
+    await webhook.webhook.lookup.wait_synced(waiting.HANG_GUARD)
     status, answer = await post(http, webhook, make_review(pod("trainer"), uid="e2e-1"))
     assert status == 200
     assert answer["kind"] == "AdmissionReview"
@@ -67,7 +67,7 @@ async def test_admission_over_https(webhook: server.RunningWebhook, http: aiohtt
 async def test_denials_and_member_limit_over_https(
     webhook: server.RunningWebhook, http: aiohttp.ClientSession, fake_api: fakeapi.FakeApi
 ) -> None:
-    await webhook.webhook.lookup.wait_synced(5.0)
+    await webhook.webhook.lookup.wait_synced(waiting.HANG_GUARD)
     _, answer = await post(http, webhook, make_review(pod("missing")))
     assert answer["response"]["allowed"] is False
     assert "'missing' does not exist" in answer["response"]["status"]["message"]
@@ -87,7 +87,7 @@ async def test_not_ready_and_retry_denial_while_the_api_is_slow(
     tls_files: tuple[Path, Path, Path],
     http: aiohttp.ClientSession,
 ) -> None:
-    fake_api.list_delay_s = 1.0
+    fake_api.lists_flowing.clear()  # the API answers no list until the test lets it
     fake_api.put(GROUPS, fakeapi.group("ml", "trainer"))
     _, cert, key = tls_files
     running = await server.start_webhook(
@@ -105,7 +105,8 @@ async def test_not_ready_and_retry_denial_while_the_api_is_slow(
         assert answer["response"]["allowed"] is False
         assert answer["response"]["status"]["message"] == admission.RETRY_MESSAGE
         # Once synced (within the bounded wait) the same pod is admitted.
-        running.webhook.settings.warmup_timeout_s = 5.0
+        fake_api.lists_flowing.set()
+        running.webhook.settings.warmup_timeout_s = waiting.HANG_GUARD
         _, answer = await post(http, running, make_review(pod("trainer")))
         assert answer["response"]["allowed"] is True
         async with http.get(running.url + "/readyz") as r:
@@ -122,7 +123,7 @@ async def test_malformed_body_is_a_400(webhook: server.RunningWebhook, http: aio
 
 
 async def test_metrics_count_outcomes(webhook: server.RunningWebhook, http: aiohttp.ClientSession) -> None:
-    await webhook.webhook.lookup.wait_synced(5.0)
+    await webhook.webhook.lookup.wait_synced(waiting.HANG_GUARD)
     await post(http, webhook, make_review(pod("trainer")))
     await post(http, webhook, make_review(pod("missing")))
     await post(http, webhook, make_review(pod(None)))
@@ -156,7 +157,7 @@ async def test_env_config_and_scheduler_name_are_used(
         scheduler_name="my-scheduler",
     )
     try:
-        await running.webhook.lookup.wait_synced(5.0)
+        await running.webhook.lookup.wait_synced(waiting.HANG_GUARD)
         _, answer = await post(http, running, make_review(pod("trainer")))
         patch = json.loads(base64.b64decode(answer["response"]["patch"]))
         assert patch[0]["value"] == "my-scheduler"
@@ -169,7 +170,7 @@ async def test_an_internal_error_is_a_plain_denial_with_the_details_only_in_the_
     webhook: server.RunningWebhook, http: aiohttp.ClientSession, monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    await webhook.webhook.lookup.wait_synced(5.0)
+    await webhook.webhook.lookup.wait_synced(waiting.HANG_GUARD)
 
     def broken(namespace: str, name: str) -> None:
         raise KeyError("secret-internal-detail")
@@ -190,7 +191,7 @@ async def test_an_internal_error_is_a_plain_denial_with_the_details_only_in_the_
 async def test_pods_naming_missing_groups_cost_the_api_one_lookup_per_name(
     webhook: server.RunningWebhook, http: aiohttp.ClientSession, fake_api: fakeapi.FakeApi
 ) -> None:
-    assert webhook.index is not None and await webhook.index.wait_synced(5.0)
+    assert webhook.index is not None and await webhook.index.wait_synced(waiting.HANG_GUARD)
     webhook.index.misses = misses.MissLimiter(clock=lambda: 0.0)  # time stands still: one interval
     for _ in range(25):
         _, answer = await post(http, webhook, make_review(pod("ghost")))
@@ -207,11 +208,14 @@ async def test_a_group_created_just_before_its_pod_is_found_even_if_the_watch_la
     async with Sandbox(nodes=1, kubelet_delay=0, kubeconfig_path=tmp_path / "kc") as sandbox:
         bundle = certs.generate(["127.0.0.1"])
         _, cert, key = bundle.write(tmp_path)
-        hook = await server.start_webhook(tls_cert=str(cert), tls_key=str(key), kubeconfig=str(sandbox.kubeconfig))
+        hook = await server.start_webhook(tls_cert=str(cert), tls_key=str(key), kubeconfig=str(sandbox.kubeconfig),
+                                          warmup_timeout_s=waiting.HANG_GUARD)  # bounds the lookup too
         try:
-            assert await hook.index.wait_synced(5)
-            await asyncio.sleep(0.5)  # let the watches open after their initial lists
-            sandbox.stall_watches()  # nothing new reaches the cache from here on
+            assert await hook.index.wait_synced(waiting.HANG_GUARD)
+            # The group watch is open (else it would start after the create and deliver the group from its
+            # backlog); stalled, nothing new reaches the cache from here on.
+            await waiting.until(lambda: sandbox.open_watches("shareddevicegroups"), "the group watch open")
+            sandbox.stall_watches()
             sandbox.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "ml"}})
             sandbox.create({
                 "apiVersion": "deviceshare.io/v1alpha1", "kind": "SharedDeviceGroup",
@@ -223,6 +227,9 @@ async def test_a_group_created_just_before_its_pod_is_found_even_if_the_watch_la
                 answer = await resp.json()
             assert answer["response"]["allowed"] is True, answer["response"].get("status")
             assert answer["response"]["patchType"] == "JSONPatch"
+            # Found by looking it up, not by the (stalled) watch.
+            assert [r for r in sandbox.api if str(r.method.value) == "GET"
+                    and r.url.path.endswith("/namespaces/ml/shareddevicegroups/fresh")]
         finally:
             sandbox.resume_watches()
             await hook.stop()

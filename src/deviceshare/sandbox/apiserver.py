@@ -80,6 +80,7 @@ class ApiServer(kmock.KubernetesScaffold):
         self.pages = paging.Pages()  # lists asked for with ``limit`` / ``continue``
         self.users = dict(identity.DEFAULT_TOKENS if users is None else users)  # bearer token -> user
         self.faults = faults.Faults()
+        self._held_requests: set[asyncio.Task[aiohttp.web.StreamResponse]] = set()
         self.bookmark_interval = bookmark_interval
         self.watches_gone = 0  # watches answered 410 Gone (for tests of client recovery)
         self.flowing = asyncio.Event()
@@ -132,6 +133,8 @@ class ApiServer(kmock.KubernetesScaffold):
         try:
             method = str(request.method.value)
             fault = self.faults.take(method, request.url.path)
+            if fault is not None and fault.hold:
+                return await self._held(fault, request)
             if fault is None or fault.applied:
                 response = await self._serve(request)
             else:
@@ -146,6 +149,33 @@ class ApiServer(kmock.KubernetesScaffold):
             return response
         except errors.ApiError as e:
             return _json(e.status(), e.code, e.headers)
+
+    async def _held(self, fault: faults.Fault, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        """Hold the request until the test releases it, then carry it out and answer as ``fault`` says. A
+        held request is already on its way (the last write of a killed process): it is served in a task of
+        its own, which the client's disconnect, cancelling this handler, does not cancel. A write still held
+        when its own ``timeout`` ends is given up then (504, not carried out), as kube-apiserver does."""
+        loop = asyncio.get_running_loop()
+        deadline = parsing.write_deadline(str(request.method.value), request.params)
+
+        async def serve() -> aiohttp.web.StreamResponse:
+            try:
+                try:
+                    await asyncio.wait_for(fault.held(), deadline)
+                except TimeoutError:
+                    fault.given_up += 1
+                    raise errors.request_timeout() from None
+                self._fail(request, fault)
+                response = await self._serve(request)
+            except errors.ApiError as e:
+                response = _json(e.status(), e.code, e.headers)
+            fault.answered.append(response.status)
+            return response
+
+        served = loop.create_task(serve())
+        self._held_requests.add(served)
+        served.add_done_callback(self._held_requests.discard)
+        return await asyncio.shield(served)
 
     async def _wait(self, fault: faults.Fault, deadline: float | None) -> None:
         """An injected delay before a write: past the request's own ``timeout`` the server gives up on it

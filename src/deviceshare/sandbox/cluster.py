@@ -143,6 +143,7 @@ class Sandbox:
         if self.disruption is not None:
             self.disruption.stop()
         self.store.close_watches()
+        self.api.faults.clear()  # no request stays held past the end
         if self._server is not None:
             await self._server.__aexit__(exc_type, exc, tb)
             self._server = None
@@ -310,10 +311,12 @@ class Sandbox:
         applied: bool = False,
         drop: bool = False,
         every: int = 1,
+        hold: bool = False,
     ) -> faults.Fault:
         """Make the next ``times`` requests of ``method`` whose path matches ``path`` fail or wait; with
         ``applied``, carry them out and then answer ``status`` (or, with ``drop``, close the connection);
-        with ``every=n``, only each n-th matching request."""
+        with ``every=n``, only each n-th matching request; with ``hold``, each waits in flight until
+        ``fault.release()`` (or ``clear_faults()``) and is then carried out, its client there or not."""
         return self.api.faults.add(
             faults.Fault(
                 method.upper() if method else None,
@@ -326,11 +329,19 @@ class Sandbox:
                 applied=applied,
                 drop=drop,
                 every=every,
+                hold=hold,
             )
         )
 
     def clear_faults(self) -> None:
+        """Remove every fault; the requests held by one go through."""
         self.api.faults.clear()
+
+    def open_watches(self, kind_or_plural: str | None = None) -> int:
+        """Watch streams open now (of one resource type, or all): what a test waits for before it
+        changes something a watcher must see on its stream rather than in its first list."""
+        key = None if kind_or_plural is None else self.store.rtype(kind_or_plural).key
+        return self.store.open_watches(key)
 
     def drop_watches(self) -> int:
         """Close every open watch stream; clients must re-watch (from their last resourceVersion)."""

@@ -9,10 +9,16 @@ Faults that lie, as kube-apiserver under load does: with ``applied`` the request
 request") or, with ``drop``, not answered at all (the connection is closed after the write landed). A
 ``drop`` without ``applied`` closes the connection before the request is carried out. Each fault counts
 how often it ``fired``, so a test can prove that it did.
+
+A ``hold`` fault keeps each request it fires on in flight until :meth:`Fault.release`, then carries it out
+whether or not its client is still there (a request already on its way: a test kills the client while
+its request is held, then lets it land), and ``answered`` records the status each one got, so a test
+waits for the answer instead of for "long enough".
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import re
 from typing import Any
@@ -53,6 +59,16 @@ class Fault:
     seen: int = 0  # matching requests, fired or not
     given_up: int = 0  # delayed writes the server gave up on at their ``timeout`` (answered 504, not applied)
     abandoned: int = 0  # delayed requests whose client went away first (not carried out)
+    hold: bool = False  # held until release(), then carried out even if the client has gone
+    answered: list[int] = dataclasses.field(default_factory=list)  # the status each held request got
+    _released: asyncio.Event = dataclasses.field(default_factory=asyncio.Event, repr=False)
+
+    def release(self) -> None:
+        """Let the held requests (and every later one) through."""
+        self._released.set()
+
+    async def held(self) -> None:
+        await self._released.wait()
 
     def matches(self, method: str, path: str) -> bool:
         spent = self.times is not None and self.fired >= self.times
@@ -81,6 +97,9 @@ class Faults:
         return fault
 
     def clear(self) -> None:
+        """Remove every fault; the requests they hold go through."""
+        for fault in self._faults:
+            fault.release()
         self._faults.clear()
 
     def take(self, method: str, path: str) -> Fault | None:

@@ -153,6 +153,14 @@ class ObjectStore:
         """End every open watch (the clients see the stream close and re-watch)."""
         return self._watches.close_watches()
 
+    def open_watches(self, key: Key | None = None) -> int:
+        """How many watches are open (on one resource, or on any)."""
+        return len(self.subscriptions(key))
+
+    def subscriptions(self, key: Key | None = None) -> list[Subscription]:
+        """The open watches (of one resource, or all), each with the queue of events not yet streamed."""
+        return self._watches.subscriptions(key)
+
     def compact(self) -> None:
         """Forget the watch history, so any older resourceVersion gets 410 Gone."""
         self._watches.compact(self._rv)

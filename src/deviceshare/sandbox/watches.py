@@ -70,6 +70,9 @@ class WatchHistory:
         if sub in self._subscriptions:
             self._subscriptions.remove(sub)
 
+    def subscriptions(self, key: Key | None = None) -> list[Subscription]:
+        return [sub for sub in self._subscriptions if key is None or sub.key == key]
+
     def close_watches(self) -> int:
         """End every open watch (the clients see the stream close and re-watch)."""
         subs, self._subscriptions = self._subscriptions, []
