@@ -70,6 +70,7 @@ class _Groups:
         self.deleting: set[Key] = set()  # groups with a deletionTimestamp (held by the finalizer)
         self.seen: int | None = None  # the newest resourceVersion the list+watch has delivered
         self.ahead: dict[Key, int] = {}  # groups whose state came from a GET newer than the watch
+        self._delivered = 0  # the newest resourceVersion a watch event brought, synced or not
         self._next: tuple[dict[Key, models.GroupSpec], set[Key]] = ({}, set())  # a list being paged in
 
     def replace(self, objects: list[watching.Object], resource_version: str | None = None) -> None:
@@ -90,13 +91,16 @@ class _Groups:
     def end(self, resource_version: str | None) -> None:
         (self.specs, self.deleting), self.ahead = self._next, {}
         self._next = ({}, set())
-        self.seen = _version(resource_version)
+        listed = _version(resource_version)  # the watch may have brought newer ones while the list was paged in
+        self.seen = None if listed is None else max(listed, self._delivered)
 
     def apply(self, event_type: str, obj: watching.Object) -> None:
         """A watch event, applied unless a GET has already put a newer state of the group here."""
         key, version = _key(obj), _version(obj)
-        if version is not None and self.seen is not None:
-            self.seen = max(self.seen, version)
+        if version is not None:
+            self._delivered = max(self._delivered, version)
+            if self.seen is not None:
+                self.seen = max(self.seen, version)
         got = self.ahead.get(key)
         if got is not None:
             if version is not None and version <= got:
