@@ -45,6 +45,9 @@ def _sandbox_main(
     stop: multiprocessing.synchronize.Event, results: Any, profile_path: str | None = None,
     crds: str | None = None,
 ) -> None:
+    from deviceshare.sandbox import command
+
+    command.tune_collector()  # as `deviceshare sandbox` does
     profiler = cProfile.Profile() if profile_path else None
     if profiler is not None:
         profiler.enable()
