@@ -121,10 +121,15 @@ def pod_record(body: Mapping[str, Any]) -> PodRecord:
             if scheduled else None
         ),
         containers=containers,
-        group_valid=group is not None and member_rules.group_name_problem(group) is None,
+        group_valid=group is not None and _valid_group_name(group),
         priority=priority_.of_pod(body),
         created=str(meta.get("creationTimestamp") or ""),
     )
+
+
+@functools.lru_cache(maxsize=8192)  # every member of a group names the same one
+def _valid_group_name(group: str) -> bool:
+    return member_rules.group_name_problem(group) is None
 
 
 # What a pod's demand and member facts are read from: its containers and its node constraints.
@@ -141,7 +146,9 @@ def _shape(spec: Mapping[str, Any]) -> tuple[inventory.PodDemand, tuple[member_r
     if type(spec) is not dict and not isinstance(spec, Mapping):
         return inventory.PodDemand(), ()
     try:
-        key = orjson.dumps([spec.get(f) for f in _SHAPE], option=orjson.OPT_SORT_KEYS)
+        # As the fields came (not sorted: sorting cost a fifth of a record): one server writes one shape's keys
+        # in one order, and another order is only another key for the same facts.
+        key = orjson.dumps([spec.get(f) for f in _SHAPE])
     except TypeError:  # not JSON (never from the API): read it afresh
         key = b""
     found = _SHAPES.get(key) if key else None
