@@ -7,8 +7,9 @@ In order, against one sandbox process holding that state:
 2. the webhook (``deviceshare webhook``, its own process) starts and caches the 30,000 groups and their members:
    launch → ready, RSS;
 3. every watch expires (the sandbox forgets its history and closes the streams: each resume gets 410 Gone and
-   relists, the operator's 150,000 pods included) while a probe creates a one-pod group every 100 ms: the
-   longest create → bound of those probes is how long the relist stalled scheduling;
+   relists, the operator's 150,000 pods included) while a probe creates a one-pod group every 100 ms, until
+   every reflector of the operator has relisted: the longest create → bound of those probes is how long the
+   relist stalled scheduling;
 4. in this process, in memory: the lists of the sandbox fed to ``Runtime.rebuild`` (so the in-memory part is
    timed apart from the transfer), then placement decisions on the rebuilt ledger (2,000 arrivals, a random older
    group leaving after each), timed one by one.
@@ -33,6 +34,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +56,8 @@ TARGET_OPERATOR_RSS_MIB = 1024.0
 TARGET_WEBHOOK_RSS_MIB = 300.0
 TARGET_P99_MS = 1.0
 PROBE_INTERVAL = 0.1
+RELISTED = {"nodes", "pods", "shareddevicegroups", "resourcequotas"}  # the operator's reflectors, by log name
+RELIST_GUARD_S = 300.0  # probing stops then even if a relist never ended (the table shows which did)
 GPU = scalestate.GPU
 
 
@@ -255,7 +259,11 @@ def measure(quick: bool) -> ScaleResult:
                 finally:
                     webhook.stop()
 
-                latencies = asyncio.run(_relist(kubeconfig, commands, max(5.0, 2 * rebuild_s)))
+                log = operator.log
+                def all_relisted() -> bool:
+                    return set(_relists(log.read_text())) >= RELISTED
+
+                latencies = asyncio.run(_relist(kubeconfig, commands, all_relisted))
                 relisted = _relists(operator.log.read_text())
             finally:
                 operator.stop()
@@ -271,14 +279,18 @@ def measure(quick: bool) -> ScaleResult:
     )
 
 
-async def _relist(kubeconfig: Path, commands: Any, window: float) -> list[float]:
-    """Expire every watch, and probe scheduling for ``window`` seconds from then."""
+async def _relist(kubeconfig: Path, commands: Any, relisted: Callable[[], bool]) -> list[float]:
+    """Expire every watch, and probe scheduling until every reflector of the operator has relisted (its log says
+    so), and a second more: the probes cover the whole relist, the 150,000 pods' included."""
     url, headers = server_of(kubeconfig)
     stop = asyncio.Event()
     probing = asyncio.create_task(_probe(url, headers, stop))
     await asyncio.sleep(1.0)  # a few probes before, as a baseline
     commands.put("expire")
-    await asyncio.sleep(window)
+    deadline = time.perf_counter() + RELIST_GUARD_S
+    while not relisted() and time.perf_counter() < deadline:
+        await asyncio.sleep(0.5)
+    await asyncio.sleep(1.0)
     stop.set()
     return await probing
 
