@@ -1,13 +1,17 @@
-"""API writes per bound pod, and pods bound per second, with the device annotations in the Binding (now)
-and as a separate pod PATCH before the Binding (the write pattern before: ``main`` until issue 12).
+"""API writes per group and per bound pod, by kind: today's operator and install beside the current ones.
 
-Both run in this one process, side by side, on the same sandbox settings: the sandbox serves HTTP on this
-event loop and the real operator (``OperatorThread``, Kopf and all) runs on its own loop in a thread. "Before"
-is the same operator with ``ClusterApi.bind_pod`` wrapped to write the annotations with a pod PATCH first and
-then bind without them, exactly the two requests the placement path used to make. Every write is counted
-from the sandbox's request log (kmock's, every HTTP request it served), by resource:
-pod PATCH, ``pods/binding``, ``pods/status``, group (finalizer), ``shareddevicegroups/status``, events. The
-load generator creates its groups and pods straight in the sandbox store, so they are not in the log.
+*today* is the operator of ``baseline.BASELINE`` (its own source tree, see ``baseline.py``) on today's install:
+the operator adds each group's finalizer itself and posts two events per placement (``Bound`` on the group,
+``Scheduled`` on the pod). *now* is this tree's operator on this tree's install: the MutatingWebhookConfiguration
+(``webhooks/configuration.py``, what the chart ships) sends each group CREATE to the real webhook over TLS, which
+adds the finalizer, and the placement is told by the group's status condition, not by an event of its own.
+
+Both run in turn on the same sandbox settings: the sandbox (and, for *now*, the webhook) serve HTTP in this
+process; the operator runs as ``deviceshare operator`` in its own process. Groups are created through the
+sandbox's admission (as an HTTP client's would be: ``Sandbox.create_admitted``), pods as the webhook leaves them
+(straight into the store). Every write is counted from the sandbox's request log (kmock's, every HTTP request it
+served), by resource: pod PATCH, ``pods/binding``, ``pods/status``, group (finalizer), ``shareddevicegroups/
+status``, events; the load generator's own creations are not in it.
 
     python -m benchmarks.bench_operator_writes --quick
 """
@@ -22,19 +26,19 @@ import dataclasses
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+from benchmarks import baseline
 from deviceshare.api import names
-from deviceshare.operator import storage
-from deviceshare.operator.command import OperatorThread
-from deviceshare.operator.config import OperatorConfig
 from deviceshare.sandbox import Sandbox, apiserver
+from deviceshare.webhooks import certs, configuration, server
 
 GPU = "nvidia.com/gpu"
 NS = "bench"
-WRITES = ("PATCH pod", "POST binding", "PATCH pod status", "PATCH group", "PATCH group status", "POST event")
+WRITES = ("POST binding", "PATCH group", "PATCH group status", "POST event", "PATCH pod", "PATCH pod status")
+ONE_POD_BUDGET = 3  # a binding, one status write, one event
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,7 +47,7 @@ class Result:
     groups: int
     pods_per_group: int
     bound: int
-    seconds: float  # first pod created -> last pod bound
+    seconds: float  # first group created -> last pod bound
     writes: dict[str, int]
 
     @property
@@ -54,8 +58,14 @@ class Result:
     def rate(self) -> float:
         return self.bound / self.seconds if self.seconds else 0.0
 
-    def per_pod(self, *kinds: str) -> float:
-        return sum(self.writes.get(k, 0) for k in kinds) / max(1, self.bound)
+    def per_group(self, kind: str | None = None) -> float:
+        counted = self.writes.get(kind, 0) if kind else sum(self.writes.values())
+        return counted / max(1, self.groups)
+
+    @property
+    def within_budget(self) -> bool:
+        """At most n bindings + n events + 1 status write per n-pod group (3 for a one-pod group)."""
+        return self.bound == self.pods and self.per_group() <= 2 * self.pods_per_group + 1
 
 
 def _kind(method: str, path: str) -> str | None:
@@ -64,7 +74,7 @@ def _kind(method: str, path: str) -> str | None:
         return None
     rest = parts[parts.index("namespaces") + 2:]
     if rest[:1] == ["events"]:
-        return "POST event" if method == "POST" else None
+        return f"{method} event"
     if rest[:1] == ["pods"] and len(rest) == 2:
         return f"{method} pod"
     if rest[:1] == ["pods"] and len(rest) == 3:
@@ -76,70 +86,75 @@ def _kind(method: str, path: str) -> str | None:
     return None
 
 
-@contextlib.contextmanager
-def _split_binding() -> Iterator[None]:
-    """The write pattern before: annotations with a pod PATCH, then a Binding without them."""
-    bind: Callable[..., Any] = storage.ClusterApi.bind_pod
-
-    async def two_writes(self: storage.ClusterApi, key: Any, uid: str, node: str, annotations: Any) -> None:
-        await self.annotate_pod(key, uid, annotations)
-        await bind(self, key, uid, node, {})
-
-    storage.ClusterApi.bind_pod = two_writes  # type: ignore[method-assign]
+@contextlib.asynccontextmanager
+async def _install(sandbox: Sandbox, tmp: Path, mode: str) -> AsyncIterator[None]:
+    """*now*: the webhook serving, and the configuration that sends group CREATEs to it. *today*: neither (the
+    pods come as the webhook leaves them in both modes)."""
+    if mode != "now":
+        yield
+        return
+    bundle = certs.generate(["127.0.0.1"])
+    _, cert, key = bundle.write(tmp / "tls")
+    hook = await server.start_webhook(tls_cert=cert, tls_key=key, kubeconfig=str(sandbox.kubeconfig))
     try:
+        sandbox.create(configuration.build(ca_bundle=bundle.ca_pem, url=hook.url))
         yield
     finally:
-        storage.ClusterApi.bind_pod = bind  # type: ignore[method-assign]
+        await hook.stop()
 
 
 async def measure(mode: str, groups: int, pods_per_group: int, nodes: int) -> Result:
+    src = baseline.source() if mode == "today" else None
+    if mode == "today" and src is None:
+        raise RuntimeError(f"no git checkout with commit {baseline.BASELINE}: cannot run today's operator")
     limit = apiserver._REQUEST_LOG_LIMIT
     apiserver._REQUEST_LOG_LIMIT = 10**7  # keep every request of the run
-    split = _split_binding() if mode == "before" else contextlib.nullcontext()
     try:
-        with tempfile.TemporaryDirectory(prefix="bench-writes-") as tmp, split:
+        with tempfile.TemporaryDirectory(prefix="bench-writes-") as tmp:
+            # Today's operator on today's CRD (a newer schema defaults fields its models refuse).
             async with Sandbox(nodes=nodes, gpus=8, kubelet_delay=0.01, kubeconfig_path=Path(tmp) / "kubeconfig",
-                               bookmark_interval=1.0) as sandbox:
-                return await _run(sandbox, mode, groups, pods_per_group)
+                               bookmark_interval=1.0, crds=baseline.crds() if mode == "today" else None) as sandbox, \
+                    _install(sandbox, Path(tmp), mode):
+                sandbox.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
+                operator = baseline.OperatorProcess(sandbox.kubeconfig, src=src)
+                await asyncio.to_thread(operator.start)
+                try:
+                    return await _run(sandbox, mode, groups, pods_per_group)
+                finally:
+                    await asyncio.to_thread(operator.stop)
     finally:
         apiserver._REQUEST_LOG_LIMIT = limit
 
 
 async def _run(sandbox: Sandbox, mode: str, groups: int, pods_per_group: int) -> Result:
-    sandbox.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
-    config = OperatorConfig(kubeconfig=str(sandbox.kubeconfig), metrics_port=None)
-    operator = await OperatorThread(config).start()
-    try:
-        await asyncio.sleep(0.5)  # its watches settle on the idle cluster
-        log = sandbox.api._requests
-        first = len(log)
-        t0 = time.perf_counter()
-        for g in range(groups):
-            sandbox.create({"apiVersion": names.API_VERSION, "kind": names.KIND,
-                            "metadata": {"name": f"g{g}", "namespace": NS}, "spec": {"resources": {GPU: 1}}})
-            for i in range(pods_per_group):
-                sandbox.create(_pod(f"g{g}-{i}", f"g{g}"))
-            await asyncio.sleep(0)  # let the API serve the operator meanwhile, as a real one would
-        want = groups * pods_per_group
-        deadline = time.perf_counter() + 120
-        bound = 0
-        while time.perf_counter() < deadline:
-            bound = sum(1 for p in sandbox.list("pods", NS) if p["spec"].get("nodeName"))
-            if bound >= want:
-                break
-            await asyncio.sleep(0.01)
-        seconds = time.perf_counter() - t0
-        # The trailing writes (events, the reconciler's status writes) count too: wait until the API is quiet.
-        seen = -1
-        while len(log) != seen and time.perf_counter() < deadline:
-            seen = len(log)
-            await asyncio.sleep(1.0)
-        writes = collections.Counter(
-            k for r in list(log)[first:] if (k := _kind(str(r.method.value).upper(), r.url.path)) is not None
-        )
-        return Result(mode, groups, pods_per_group, bound, seconds, dict(writes))
-    finally:
-        await operator.stop()
+    await asyncio.sleep(0.5)  # the operator's watches settle on the idle cluster
+    log = sandbox.api._requests
+    first = len(log)
+    t0 = time.perf_counter()
+    for g in range(groups):
+        await sandbox.create_admitted({"apiVersion": names.API_VERSION, "kind": names.KIND,
+                                       "metadata": {"name": f"g{g}", "namespace": NS}, "spec": {"resources": {GPU: 1}}})
+        for i in range(pods_per_group):
+            sandbox.create(_pod(f"g{g}-{i}", f"g{g}"))
+        await asyncio.sleep(0)  # let the API serve the operator meanwhile, as a real one would
+    want = groups * pods_per_group
+    deadline = time.perf_counter() + 120
+    bound = 0
+    while time.perf_counter() < deadline:
+        bound = sum(1 for p in sandbox.list("pods", NS) if p["spec"].get("nodeName"))
+        if bound >= want:
+            break
+        await asyncio.sleep(0.01)
+    seconds = time.perf_counter() - t0
+    # The trailing writes (events, the reconciler's status writes) count too: wait until the API is quiet.
+    seen = -1
+    while len(log) != seen and time.perf_counter() < deadline:
+        seen = len(log)
+        await asyncio.sleep(1.0)
+    writes = collections.Counter(
+        k for r in list(log)[first:] if (k := _kind(str(r.method.value).upper(), r.url.path)) is not None
+    )
+    return Result(mode, groups, pods_per_group, bound, seconds, dict(writes))
 
 
 def _pod(name: str, group: str) -> dict[str, Any]:
@@ -157,29 +172,45 @@ def _pod(name: str, group: str) -> dict[str, Any]:
 
 
 def _row(r: Result) -> str:
-    pod = r.per_pod("PATCH pod", "POST binding")
-    groups = sum(r.writes.get(k, 0) for k in ("PATCH group", "PATCH group status")) / max(1, r.groups)
-    total = sum(r.writes.values()) / max(1, r.bound)
-    detail = ", ".join(f"{k} {r.writes.get(k, 0)}" for k in WRITES)
-    return (f"| {r.mode} | {r.groups} x {r.pods_per_group} | {r.bound} | {pod:.2f} | {groups:.2f} "
-            f"| {r.per_pod('POST event'):.2f} | {total:.2f} | {r.seconds:.2f} | {r.rate:.0f} | {detail} |")
+    kinds = " | ".join(f"{r.per_group(k):.2f}" for k in ("POST binding", "PATCH group", "PATCH group status",
+                                                         "POST event"))
+    other = sum(v for k, v in r.writes.items() if k not in WRITES[:4])
+    detail = ", ".join(f"{k} {v}" for k, v in sorted(r.writes.items()))
+    budget = 2 * r.pods_per_group + 1
+    return (f"| {r.mode} | {r.groups} x {r.pods_per_group} | {r.bound} | {kinds} | {other} "
+            f"| **{r.per_group():.2f}** (budget {budget}) | {sum(r.writes.values()) / max(1, r.bound):.2f} "
+            f"| {r.seconds:.2f} | {r.rate:.0f} | {detail} |")
 
 
 def section(results: list[Result], nodes: int) -> str:
     rows = "\n".join(_row(r) for r in results)
-    return f"""## Operator: API writes per bound pod, before and after the annotations moved into the Binding
+    one = [r for r in results if r.pods_per_group == 1]
+    now = [r for r in results if r.mode == "now"]
+    one_now = max((r.per_group() for r in one if r.mode == "now"), default=float("nan"))
+    one_today = max((r.per_group() for r in one if r.mode == "today"), default=float("nan"))
+    met = bool(now) and all(r.within_budget for r in now) and one_now <= ONE_POD_BUDGET
+    return f"""## Operator: API writes per group, today's operator and install beside the current ones
 
-In one process, side by side, on a {nodes}-node x 8-GPU sandbox: the real operator binds groups of 1-GPU
-pods created at once; writes are counted from the sandbox's request log. *before* is the same operator with
-the pod's device annotations written by a pod PATCH ahead of the Binding (the write pattern until issue 12),
-*after* is the code as it is (one write per pod: the Binding, which carries the annotations). Group writes
-(finalizer, status) are per group; events (Scheduled per pod, Bound per group) are per pod. The operator and
-the sandbox share this process's CPU (a thread each side of the GIL), so pods/s compare only with each other.
+`benchmarks/bench_operator_writes.py`, on a {nodes}-node x 8-GPU sandbox: groups of 1-GPU pods created at once;
+writes counted from the sandbox's request log, per group, by kind. *today*: the operator of commit
+`{baseline.BASELINE}` (run from its own source) on today's install (no webhook for groups): it adds each
+group's finalizer itself and posts a `Bound` event on the group beside the pod's `Scheduled`. *now*: this code,
+with the chart's MutatingWebhookConfiguration installed in the sandbox and the real webhook serving it over TLS,
+so each group is created with its finalizer, and the placement is told by the group's status condition alone.
+The sandbox (and the webhook) serve from this process, the operator runs in its own; groups are created through
+the sandbox's admission, pods as the webhook leaves them. pods/s compare only with each other, and *now*'s
+include its creations' wait for the webhook (an HTTPS round trip served by this same process): this table
+counts writes; the operator's speed is the previous section's.
 
-| mode | groups x pods | bound | pod writes per pod (PATCH + binding) | group writes per group \
-| events per pod | all writes per pod | create→all bound s | pods bound/s | writes by kind |
-|---|---|---|---|---|---|---|---|---|---|
+| mode | groups x pods | bound | bindings per group | finalizer writes per group | status writes per group \
+| events per group | other writes | **all writes per group** | writes per bound pod | create→all bound s \
+| pods bound/s | writes by kind |
+|---|---|---|---|---|---|---|---|---|---|---|---|---|
 {rows}
+
+One-pod groups: {one_today:.2f} writes per group today, {one_now:.2f} now.
+Target: at most {ONE_POD_BUDGET} writes per one-pod group (binding, status, one event) and at most n bindings +
+n events + 1 status write per n-pod group — {"**met**" if met else "**not met**"}.
 """
 
 
@@ -188,7 +219,7 @@ def run(quick: bool) -> str:
     shapes = [(100, 1), (25, 4)] if quick else [(400, 1), (100, 4)]
     results = []
     for groups, per in shapes:
-        for mode in ("before", "after"):
+        for mode in ("today", "now"):
             results.append(asyncio.run(measure(mode, groups, per, nodes)))
     return section(results, nodes)
 

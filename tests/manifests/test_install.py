@@ -176,9 +176,9 @@ def test_service_reaches_the_webhook_pods_on_their_tls_port(
     assert port["targetPort"] in {p["name"] for p in container["ports"]}
 
 
-def _webhook(objects: list[kube_objects.KubeObject]) -> dict[str, Any]:
+def _webhook(objects: list[kube_objects.KubeObject], name: str = "pods.deviceshare.io") -> dict[str, Any]:
     config = kube_objects.one(objects, "MutatingWebhookConfiguration", "deviceshare")
-    (webhook,) = config["webhooks"]
+    (webhook,) = [w for w in config["webhooks"] if w["name"] == name]
     return dict(webhook)
 
 
@@ -196,6 +196,9 @@ def test_admission_calls_go_to_the_webhook_service(base_objects: list[kube_objec
     assert webhook["timeoutSeconds"] == 5
     assert webhook["reinvocationPolicy"] == "IfNeeded"
     assert webhook["admissionReviewVersions"] == ["v1"]
+    finalizer = _webhook(base_objects, "group-finalizer.deviceshare.io")
+    assert finalizer["clientConfig"]["service"] == {**target, "path": "/mutate-groups"}
+    assert (finalizer["failurePolicy"], finalizer["sideEffects"]) == ("Ignore", "None")
 
 
 @pytest.mark.parametrize(("annotations", "called"), [

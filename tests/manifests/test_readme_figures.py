@@ -57,6 +57,29 @@ def measured() -> dict[str, str]:
         "pods/s": medians.group(1),
         "e2e p99 s": medians.group(2),
         "fgd p99 ms": _rows(text, "fgd")[0][3],  # the operator's fgd at 5,000 nodes (bench_core_fgd)
+        **_limits(text),
+    }
+
+
+def _limits(text: str) -> dict[str, str]:
+    """Issue 24's figures: writes per one-pod group and operator CPU per bound pod, each beside today's from the
+    same run (bench_operator_writes, bench_operator), and the table at Kubernetes' envelope (bench_scale)."""
+    writes = re.search(r"One-pod groups: ([\d.]+) writes per group today, ([\d.]+) now\.", text)
+    assert writes, "docs/benchmarks.md: no 'One-pod groups: ... writes per group today, ... now.' line"
+    cpu = re.search(r"Operator CPU per bound pod, medians: today ([\d.]+) ms, now ([\d.]+) ms", text)
+    assert cpu, "docs/benchmarks.md: no 'Operator CPU per bound pod, medians: ...' line"
+
+    def first(starts: str) -> str:
+        return _row(text, starts)[1].split()[0]
+
+    return {
+        "writes today": f"{float(writes.group(1)):g}", "writes now": f"{float(writes.group(2)):g}",
+        "cpu today ms": cpu.group(1), "cpu now ms": cpu.group(2),
+        "scale rebuild s": first("operator: ledger rebuild"),
+        "scale operator RSS MiB": first("operator RSS once settled"),
+        "scale webhook RSS MiB": first("webhook RSS once ready"),
+        "scale placement p99 ms": _row(text, "placement decision on that ledger")[1].split("/")[1].split()[0],
+        "scale relist stall s": first("meanwhile: longest create"),
     }
 
 
@@ -74,6 +97,12 @@ def test_readme_quotes_the_measured_figures() -> None:
         f"median {m['pods/s']} pods/s",
         f"p99 create->bound {m['e2e p99 s']} s",
         f"`fgd` strategy decides in p99 {m['fgd p99 ms']} ms",
+        f"{m['writes now']} API writes per one-pod group ({m['writes today']} before",
+        f"{m['cpu now ms']} ms of operator CPU per bound pod ({m['cpu today ms']} ms before",
+        f"ledger rebuilt in {m['scale rebuild s']} s, operator RSS {m['scale operator RSS MiB']} MiB",
+        f"webhook RSS {m['scale webhook RSS MiB']} MiB",
+        f"placement p99 {m['scale placement p99 ms']} ms",
+        f"new pods wait {m['scale relist stall s']} s at most",
         *held_out(BENCHMARKS.read_text()),
     ]
     missing = [e for e in expected if e not in section]

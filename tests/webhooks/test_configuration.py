@@ -1,4 +1,4 @@
-"""The MutatingWebhookConfiguration: valid for Kubernetes, and calls the webhook only when it should."""
+"""The webhook configurations: valid for Kubernetes, what the base ships, and calling the webhook when they should."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def test_validates_against_the_kubernetes_schema(kwargs: dict[str, Any]) -> None
 
 
 def test_safety_settings() -> None:
-    (hook,) = configuration.build(ca_bundle=CA, service_name="wh", service_namespace="gpu-ops")["webhooks"]
+    hook, _ = configuration.build(ca_bundle=CA, service_name="wh", service_namespace="gpu-ops")["webhooks"]
     assert hook["failurePolicy"] == "Fail"
     assert hook["sideEffects"] == "None"
     assert hook["timeoutSeconds"] <= 5
@@ -45,8 +45,9 @@ def test_safety_settings() -> None:
 
 
 def test_url_form_points_at_the_mutate_path() -> None:
-    (hook,) = configuration.build(ca_bundle="Q0E=", url="https://127.0.0.1:9443/")["webhooks"]
-    assert hook["clientConfig"] == {"caBundle": "Q0E=", "url": "https://127.0.0.1:9443/mutate-pods"}
+    pods, groups = configuration.build(ca_bundle="Q0E=", url="https://127.0.0.1:9443/")["webhooks"]
+    assert pods["clientConfig"] == {"caBundle": "Q0E=", "url": "https://127.0.0.1:9443/mutate-pods"}
+    assert groups["clientConfig"] == {"caBundle": "Q0E=", "url": "https://127.0.0.1:9443/mutate-groups"}
 
 
 @pytest.mark.parametrize(
@@ -73,7 +74,7 @@ def test_a_misspelt_setting_is_refused_by_name(build: Any) -> None:
     ],
 )
 def test_match_condition_selects_opted_in_pods(metadata: dict[str, Any], matches: bool) -> None:
-    (hook,) = configuration.build(ca_bundle=CA, service_name="wh")["webhooks"]
+    hook, _ = configuration.build(ca_bundle=CA, service_name="wh")["webhooks"]
     (condition,) = hook["matchConditions"]
     env = celpy.Environment()
     program = env.program(env.compile(condition["expression"]))
@@ -81,18 +82,45 @@ def test_match_condition_selects_opted_in_pods(metadata: dict[str, Any], matches
     assert bool(result) is matches
 
 
-def test_the_group_budget_configuration_is_valid_and_is_what_the_base_ships() -> None:
+@pytest.mark.parametrize(("build", "file"), [
+    (configuration.build, "mutating-webhook.yaml"), (configuration.build_group_validation, "validating-webhook.yaml"),
+])
+def test_each_configuration_is_valid_and_is_what_the_base_ships(build: Any, file: str) -> None:
+    """What the demo and the tests install (built here) is what the chart renders into manifests/base."""
     from pathlib import Path
 
     import yaml
 
-    built = configuration.build_group_validation(ca_bundle=CA, service_name="deviceshare-webhook")
+    built = build(ca_bundle=CA, service_name="deviceshare-webhook")
     kubernetes_validate.validate(built, "1.32.0", strict=True)
-    path = Path(__file__).resolve().parents[2] / "manifests" / "base" / "validating-webhook.yaml"
-    shipped = yaml.safe_load(path.read_text())
-    (hook,) = built["webhooks"]
-    del hook["clientConfig"]["caBundle"]  # an overlay adds it
-    assert shipped["webhooks"] == [hook]
+    shipped = yaml.safe_load((Path(__file__).resolve().parents[2] / "manifests" / "base" / file).read_text())
+    for hook in built["webhooks"]:
+        del hook["clientConfig"]["caBundle"]  # an overlay adds it
+    assert shipped["webhooks"] == built["webhooks"]
+
+
+def test_the_finalizer_webhook_ignores_its_own_failures_and_sees_group_creations_only() -> None:
+    _, hook = configuration.build(ca_bundle=CA, service_name="wh")["webhooks"]
+    # The operator adds the finalizer where it is missing: an outage must never block a group's creation.
+    assert (hook["failurePolicy"], hook["sideEffects"]) == ("Ignore", "None")
+    assert hook["rules"] == [{"operations": ["CREATE"], "apiGroups": [names.GROUP], "apiVersions": [names.VERSION],
+                              "resources": [names.PLURAL], "scope": "Namespaced"}]
+    assert hook["clientConfig"]["service"]["path"] == "/mutate-groups"
+
+
+@pytest.mark.parametrize(("finalizers", "called"), [
+    (None, True), ([], True), (["example.com/x"], True), ([names.GROUP_FINALIZER], False),
+    (["example.com/x", names.GROUP_FINALIZER], False),
+])
+def test_the_finalizer_webhook_is_called_only_for_groups_that_lack_it(
+    finalizers: list[str] | None, called: bool
+) -> None:
+    _, hook = configuration.build(ca_bundle=CA, service_name="wh")["webhooks"]
+    (condition,) = hook["matchConditions"]
+    metadata: dict[str, Any] = {"name": "g"} if finalizers is None else {"name": "g", "finalizers": finalizers}
+    env = celpy.Environment()
+    program = env.program(env.compile(condition["expression"]))
+    assert bool(program.evaluate({"object": celpy.json_to_cel({"metadata": metadata, "spec": {}})})) is called
 
 
 @pytest.mark.parametrize(("operation", "spec_changed", "called"), [

@@ -148,3 +148,19 @@ async def test_lists_in_pages(fake_api: fakeapi.FakeApi, api_client: client.ApiC
         assert [q.get("continue") for q in pages] == [None, "3", "6"]
     finally:
         await index.stop()
+
+
+def test_a_relist_in_pages_replaces_the_caches_only_at_its_last_page() -> None:
+    """Admissions meanwhile answer from the last whole list, never from half of the next one."""
+    specs, members = groups._Groups(), groups._Members()
+    specs.replace([fakeapi.group("ml", "old")], "5")
+    members.replace([fakeapi.member("ml", "p0", "old")], "5")
+    specs.begin()
+    members.begin()
+    specs.page([fakeapi.group("ml", "new")])
+    members.page([fakeapi.member("ml", "p1", "new")])
+    assert set(specs.specs) == {("ml", "old")} and members.counts == {("ml", "old"): 1}
+    specs.end("9")
+    members.end("9")
+    assert set(specs.specs) == {("ml", "new")} and specs.seen == 9
+    assert members.counts == {("ml", "new"): 1}

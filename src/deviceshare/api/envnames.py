@@ -77,6 +77,9 @@ def fallback_env_name(resource: str) -> str:
     return re.sub(r"[^A-Z0-9]", "_", f"{vendor}_{name}".upper()) + "_VISIBLE_DEVICES"
 
 
+_RESOLVED_KEPT = 1024  # resource names come from group specs: bounded, whatever tenants write
+
+
 class EnvNames:
     """Resolves a resource name to the env vars that carry its device IDs."""
 
@@ -90,14 +93,28 @@ class EnvNames:
             table[key] = _validated(key, names)
         self._table = table
         self._limits: dict[str, LimitEnvNames] = {**DEFAULT_LIMIT_ENV_NAMES, **(limits or {})}
+        # Answers by resource: asked for every member's annotations and every pod's member rules, and the
+        # tables never change after construction.
+        self._resolved: dict[str, tuple[str, ...]] = {}
+        self._resolved_limits: dict[str, LimitEnvNames | None] = {}
 
     def for_resource(self, resource: str) -> tuple[str, ...]:
-        found = _most_specific(self._table, resource)
-        return found if found is not None else (fallback_env_name(resource),)
+        found = self._resolved.get(resource)
+        if found is None:
+            most = _most_specific(self._table, resource)
+            found = most if most is not None else (fallback_env_name(resource),)
+            if len(self._resolved) < _RESOLVED_KEPT:
+                self._resolved[resource] = found
+        return found
 
     def limits_for(self, resource: str) -> LimitEnvNames | None:
         """The env vars that carry a compute/memory share's limits for ``resource``, if any."""
-        return _most_specific(self._limits, resource)
+        if resource in self._resolved_limits:
+            return self._resolved_limits[resource]
+        found = _most_specific(self._limits, resource)
+        if len(self._resolved_limits) < _RESOLVED_KEPT:
+            self._resolved_limits[resource] = found
+        return found
 
     def for_group(self, spec: models.GroupSpec) -> list[str]:
         """Every env var a group's members get from the operator (and so must not set themselves):

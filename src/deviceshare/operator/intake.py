@@ -92,6 +92,8 @@ class Intake:
         self._pods.move_parked()
 
     def on_group(self, event_type: str | None, body: Mapping[str, Any]) -> None:
+        if event_type != "DELETED" and _known(self.ctx.state.groups, body):
+            return  # the version we hold already (our own write's answer, kept before its event came)
         group = state_.group_record(body)
         if event_type == "DELETED":
             self.group_gone(group.key, group.uid)
@@ -112,12 +114,15 @@ class Intake:
             key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
             self.pod_gone(key, str(meta.get("uid", "")))
             return
+        if _known(ctx.state.pods, body):
+            return  # a version we hold already, or older: nothing new (a relist's, a late event)
         pod = state_.pod_record(body)
         old = ctx.state.upsert_pod(pod)
         pod = ctx.state.pods[pod.key]  # as stored (an assumed binding applied)
         if pod.on_devices and pod.node_name:
-            ctx.ledger.account_pod(pod.key, pod.node_name, pod.demand.cpu_milli, pod.demand.memory_bytes)
-        else:
+            if old is None or not old.on_devices or (old.node_name, old.demand) != (pod.node_name, pod.demand):
+                ctx.ledger.account_pod(pod.key, pod.node_name, pod.demand.cpu_milli, pod.demand.memory_bytes)
+        elif old is None or old.on_devices:
             ctx.ledger.forget_pod(pod.key)
         if self._is_ours(pod):
             self._pods.add(pod.key)
@@ -183,16 +188,15 @@ class Intake:
         only a 404 or another uid under its name counts as deleted.
         """
         ctx = self.ctx
-        pod_list, group_list = await asyncio.gather(ctx.api.list_pods(), ctx.api.list_groups())
-        pods, groups = pod_list.items, group_list.items
-        listed = {str((b.get("metadata") or {}).get("uid", "")) for b in pods}
+        pod_list, group_list = await asyncio.gather(ctx.api.list_pods(_uid), ctx.api.list_groups(_uid))
+        listed = set(pod_list.items)  # only the uids, page by page: 150,000 pods' bodies never held at once
         forgotten = 0
         for pod in [p for p in ctx.state.pods.values() if p.uid not in listed]:
             body = await ctx.api.get_pod(pod.key)
             if body is None or (body.get("metadata") or {}).get("uid") != pod.uid:
                 forgotten += 1
             self.pod_read(pod, body)
-        listed = {str((b.get("metadata") or {}).get("uid", "")) for b in groups}
+        listed = set(group_list.items)
         for group in [g for g in ctx.state.groups.values() if g.uid not in listed]:
             current = await ctx.api.read_group_if_exists(group.key)
             if current is not None and current.uid == group.uid:
@@ -230,7 +234,10 @@ class NodeFeed:
 class Feed:
     """A reflector's sink. Events go to ``apply`` (the intake's ``on_*``); a list (the first, and each relist
     after a watch expired) is the whole truth at its resourceVersion, so an object we hold that it lacks, and
-    that we last saw at or before that version, was deleted while we were not watching: ``gone``."""
+    that we last saw at or before that version, was deleted while we were not watching: ``gone``.
+
+    A list comes page by page (``watching.PagedSink``): each page is applied as it arrives, so a relist of
+    150,000 pods never sits in memory whole, and the scheduling workers run between its pages."""
 
     def __init__(
         self,
@@ -243,32 +250,60 @@ class Feed:
         self.ctx, self.kind = ctx, kind
         self._held, self._gone = held, gone
         self.apply = apply
+        self._listed: set[tuple[str, str]] = set()
 
     def replace(self, objects: list[Mapping[str, Any]], resource_version: str | None = None) -> None:
-        held = self._held()
-        listed: set[tuple[str, str]] = set()
+        self.begin()
+        self.page(objects)
+        self.end(resource_version)
+
+    def begin(self) -> None:
+        self._listed = set()
+
+    def page(self, objects: list[Mapping[str, Any]]) -> None:
         for body in objects:
-            meta = body.get("metadata") or {}
-            key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
-            listed.add(key)
-            have = held.get(key)
-            if have is not None and have.uid == meta.get("uid") and state_.newer(
-                have.resource_version, str(meta.get("resourceVersion", ""))
-            ):
-                continue  # we already hold this version or a newer one (a rebuild's list, our own write)
-            self.apply("ADDED", body)
+            self._listed.add(_key(body))
+            if not _known(self._held(), body):  # we hold this version or a newer one already
+                self.apply("ADDED", body)
+
+    def end(self, resource_version: str | None) -> None:
+        listed, self._listed = self._listed, set()
         if resource_version is None:  # undated: nothing it lacks can be called deleted
             return
-        for key, have in list(held.items()):
+        for key, have in list(self._held().items()):
             if key not in listed and state_.newer(resource_version, have.resource_version):
                 self.ctx.metrics.missed_deletions.labels(self.kind).inc()
                 self._gone(key, have.uid)
 
 
+def _uid(body: Mapping[str, Any]) -> str:
+    return str((body.get("metadata") or {}).get("uid", ""))
+
+
+def _key(body: Mapping[str, Any]) -> tuple[str, str]:
+    meta = body.get("metadata") or {}
+    return (str(meta.get("namespace", "")), str(meta.get("name", "")))
+
+
+def _known(held: Mapping[tuple[str, str], state_.PodRecord | state_.GroupRecord], body: Mapping[str, Any]) -> bool:
+    """Whether we hold this very object at this version or a newer one: then its body is not even parsed."""
+    meta = body.get("metadata") or {}
+    have = held.get((meta.get("namespace", ""), meta.get("name", "")))
+    if have is None or have.uid != meta.get("uid"):
+        return False
+    version = str(meta.get("resourceVersion", ""))
+    if not version or version == have.resource_version:
+        return bool(version)
+    try:
+        return int(version) < int(have.resource_version)
+    except ValueError:  # not comparable: take the event (as ``state.newer`` does)
+        return False
+
+
 def _member_changed(old: state_.PodRecord, new: state_.PodRecord) -> bool:
     return (
         old.node_name != new.node_name
-        or old.phase != new.phase
+        or old.terminated != new.terminated  # Pending -> Running changes nothing a group's status says
         or old.deleting != new.deleting
         or old.group != new.group
         or old.selected_devices != new.selected_devices

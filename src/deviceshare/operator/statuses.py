@@ -36,9 +36,21 @@ def allocation_annotations(
     allocation: ledgers.Allocation, env_names: envnames.EnvNames, node: inventory.NodeInfo | None
 ) -> dict[str, str]:
     """A member's annotations for its group's allocation, shares and tiles included (CONTRACT §7)."""
-    return podannotations.member_annotations(
+    kept = _ANNOTATIONS.get(allocation.group)
+    if kept is not None and kept[0] is allocation and kept[1] is env_names and kept[2] is node:
+        return dict(kept[3])  # the same allocation, mapping and node objects as last time: the same answer
+    made = podannotations.member_annotations(
         allocation.devices, env_names, allocation.share, allocation.tiles, node.devices if node else None
     )
+    _ANNOTATIONS[allocation.group] = (allocation, env_names, node, made)
+    if len(_ANNOTATIONS) > 4096:
+        del _ANNOTATIONS[next(iter(_ANNOTATIONS))]
+    return dict(made)
+
+
+# The last annotations made per group (every member's binding, every reconcile asks): immutable inputs, compared
+# by identity, so a changed allocation or node is never answered from here.
+_ANNOTATIONS: dict[tuple[str, str], tuple[object, object, object, dict[str, str]]] = {}
 
 
 def describe_devices(devices: Mapping[str, Sequence[str]]) -> str:

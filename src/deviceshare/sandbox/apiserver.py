@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from collections.abc import Mapping
 from typing import Any
 
 import aiohttp.web
 import kmock
+import orjson
 
 from deviceshare.sandbox import (
     admission,
@@ -32,6 +32,7 @@ from deviceshare.sandbox import (
     faults,
     identity,
     managedfields,
+    paging,
     parsing,
     patches,
     store,
@@ -44,8 +45,17 @@ _REQUEST_LOG_LIMIT = 2000
 
 def _json(body: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> aiohttp.web.Response:
     return aiohttp.web.Response(
-        body=json.dumps(body).encode(), status=status, headers=headers, content_type="application/json"
+        body=orjson.dumps(body), status=status, headers=headers, content_type="application/json"
     )
+
+
+def _limit(raw: str | None) -> int | None:
+    """``limit``: a positive integer asks for pages; anything else (absent, 0) for the whole list."""
+    try:
+        value = int(raw) if raw else 0
+    except ValueError:
+        raise errors.bad_request(f"limit: invalid value {raw!r}") from None
+    return value if value > 0 else None
 
 
 def _list_head(rtype: catalog.ResourceType, rv: str) -> dict[str, Any]:
@@ -67,6 +77,7 @@ class ApiServer(kmock.KubernetesScaffold):
         super().__init__()
         self.store = objects
         self.admission = webhooks
+        self.pages = paging.Pages()  # lists asked for with ``limit`` / ``continue``
         self.users = dict(identity.DEFAULT_TOKENS if users is None else users)  # bearer token -> user
         self.faults = faults.Faults()
         self._held_requests: set[asyncio.Task[aiohttp.web.StreamResponse]] = set()
@@ -317,10 +328,16 @@ class ApiServer(kmock.KubernetesScaffold):
             items, rv = self._select(request, rtype, ns, copied=False)  # serialized right away
             return _json(tables.table(rtype, items, rv, request.params.get("includeObject", "Metadata")))
         labels, fields = parsing.selectors_of(request.params, rtype)
-        encoded, rv = self.store.list_encoded(rtype, ns, labels, fields)
+        limit, token = _limit(request.params.get("limit")), request.params.get("continue")
+        if limit or token:  # paged (see paging)
+            encoded, rv, token = self.pages.page(self.store, rtype, ns, labels, fields, limit, token)
+        else:
+            encoded, rv = self.store.list_encoded(rtype, ns, labels, fields)
         # The cached JSON of each object, joined: no object is copied or serialized again.
-        head = json.dumps(_list_head(rtype, rv))
-        body = head[:-1].encode() + b', "items": [' + b", ".join(encoded) + b"]}"
+        head = _list_head(rtype, rv)
+        if token:
+            head["metadata"]["continue"] = token
+        body = orjson.dumps(head)[:-1] + b',"items":[' + b",".join(encoded) + b"]}"
         return aiohttp.web.Response(body=body, content_type="application/json")
 
     def _answer(

@@ -134,9 +134,14 @@ def decode(request: kmock.Request) -> Any:
     try:
         if "yaml" in content_type:
             return yaml.safe_load(request.body)
-        return json.loads(request.body)
+        return json.loads(request.body, parse_constant=_not_json)
     except (ValueError, yaml.YAMLError) as e:
         raise errors.bad_request(f"the body of the request could not be decoded: {e}") from e
+
+
+def _not_json(name: str) -> Any:
+    """NaN and Infinity are no JSON values (Python's decoder takes them, Go's refuses them)."""
+    raise ValueError(f"invalid character {name[0]!r} looking for beginning of value")
 
 
 def check_strict(request: kmock.Request, rtype: catalog.ResourceType, body: Any) -> None:

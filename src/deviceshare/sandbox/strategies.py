@@ -14,6 +14,8 @@ import re
 from collections.abc import Mapping
 from typing import Any, TypeVar, cast
 
+import orjson
+
 from deviceshare.sandbox import budgets, catalog, errors, priority, schema
 
 Obj = dict[str, Any]
@@ -31,8 +33,16 @@ _ATOMS = (str, int, float, bool, type(None))
 
 
 def clone(value: _T) -> _T:
-    """A deep copy of a JSON-like tree, ~3x faster than ``copy.deepcopy`` (no memo, no dispatch table):
-    the store copies every object it hands out and every watch event, so this is its hottest path."""
+    """A deep copy of a JSON-like tree: the store copies every object it hands out and every watch event, so this
+    is its hottest path. An orjson round trip (C: ~3x faster than the recursion below on a pod with its
+    managedFields, which is itself ~3x faster than ``copy.deepcopy``); the recursion for what JSON cannot carry
+    (integers past 64 bits, keys that are not strings). Stored objects hold no NaN or infinity, which JSON would
+    turn into null: the API refuses them in bodies (``parsing.decode``), as kube-apiserver's decoder does."""
+    if type(value) is dict or type(value) is list:
+        try:
+            return cast(_T, orjson.loads(orjson.dumps(value)))
+        except TypeError:  # orjson.JSONEncodeError
+            pass
     return cast(_T, _clone(value))
 
 

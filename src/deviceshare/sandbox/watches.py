@@ -10,10 +10,11 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
-import json
 from collections.abc import Callable
 from functools import cached_property
 from typing import Any
+
+import orjson
 
 from deviceshare.sandbox import errors
 
@@ -31,7 +32,7 @@ class WatchEvent:
 
     @cached_property
     def line(self) -> bytes:
-        return json.dumps({"type": self.type, "object": self.obj}).encode() + b"\n"
+        return orjson.dumps({"type": self.type, "object": self.obj}) + b"\n"
 
 
 @dataclasses.dataclass(eq=False)

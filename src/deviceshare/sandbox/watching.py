@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 import aiohttp.web
 import kmock
+import orjson
 
 from deviceshare.sandbox import catalog, errors, parsing, selectors, store, tables
 
@@ -62,7 +63,7 @@ class _View:
             obj = tables.table(self.rtype, [obj], store.meta(obj).get("resourceVersion", ""), self.include)
         elif event is not None and kind == event.type:
             return event.line
-        return json.dumps({"type": kind, "object": obj}).encode() + b"\n"
+        return orjson.dumps({"type": kind, "object": obj}) + b"\n"
 
     def render(self, event: store.WatchEvent) -> bytes | None:
         """One event as this watcher sees it: objects moving in or out of its selector are ADDED/DELETED."""

@@ -6,6 +6,11 @@ applies to them alone: an unavailable webhook blocks group pods (which could not
 anyway) and nothing else. The namespace selector leaves out ``kube-system`` and the webhook's own
 namespace, so the webhook can never block the pods that would bring it back.
 
+The same MutatingWebhookConfiguration sends SharedDeviceGroup creations that lack the operator's finalizer
+to ``/mutate-groups``, which adds it (:mod:`finalizers`), with ``failurePolicy: Ignore``: the operator still
+adds the finalizer wherever it is missing, so an unavailable webhook costs one API write per group and never
+blocks a group's creation.
+
 The ValidatingWebhookConfiguration sends SharedDeviceGroup creations and spec changes to the
 namespace device budget check (``/validate-groups``); manifests/base holds the same two objects.
 """
@@ -22,10 +27,14 @@ from deviceshare.webhooks import server
 DEFAULT_NAME = "deviceshare-webhook"
 WEBHOOK_NAME = "pods.deviceshare.io"
 GROUPS_WEBHOOK_NAME = "groups.deviceshare.io"
+FINALIZER_WEBHOOK_NAME = "group-finalizer.deviceshare.io"
 SPEC_CHANGED = "request.operation == 'CREATE' || object.spec != oldObject.spec"
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # set on every namespace since 1.21
 OPTED_IN = (
     f"has(object.metadata.annotations) && '{names.POD_GROUP_ANNOTATION}' in object.metadata.annotations"
+)
+NO_FINALIZER = (
+    f"!has(object.metadata.finalizers) || !('{names.GROUP_FINALIZER}' in object.metadata.finalizers)"
 )
 
 
@@ -49,15 +58,16 @@ def build(
     excluded_namespaces: Sequence[str] = ("kube-system",),
     **endpoint: Unpack[Endpoint],
 ) -> dict[str, Any]:
-    """The pods' MutatingWebhookConfiguration, pointing either at a Service or at a URL (see :class:`Endpoint`).
+    """The MutatingWebhookConfiguration (pods, then groups' finalizer), pointing either at a Service or at a URL
+    (see :class:`Endpoint`).
 
     ``ca_bundle`` is the CA's PEM bytes or their base64 text; ``url`` may also be the full
     ``/mutate-pods`` URL. The service namespace is always excluded as well.
     """
     service_namespace = endpoint.get("service_namespace", names.DEFAULT_NAMESPACE)
     excluded = list(dict.fromkeys([*excluded_namespaces, service_namespace]))
-    return _configuration(
-        "MutatingWebhookConfiguration", WEBHOOK_NAME, server.MUTATE_PATH, ca_bundle, endpoint,
+    pods = _hook(
+        WEBHOOK_NAME, server.MUTATE_PATH, ca_bundle, endpoint,
         rule={
             "operations": ["CREATE"],
             "apiGroups": [""],
@@ -71,12 +81,25 @@ def build(
         condition={"name": "opted-in", "expression": OPTED_IN},
         reinvocation="IfNeeded",
     )
+    finalizer = _hook(
+        FINALIZER_WEBHOOK_NAME, server.MUTATE_GROUPS_PATH, ca_bundle, endpoint,
+        rule={
+            "operations": ["CREATE"],
+            "apiGroups": [names.GROUP],
+            "apiVersions": [names.VERSION],
+            "resources": [names.PLURAL],
+            "scope": "Namespaced",
+        },
+        condition={"name": "no-finalizer", "expression": NO_FINALIZER},
+        failure_policy="Ignore",
+    )
+    return _configuration("MutatingWebhookConfiguration", endpoint, [pods, finalizer])
 
 
 def build_group_validation(*, ca_bundle: bytes | str, **endpoint: Unpack[Endpoint]) -> dict[str, Any]:
     """The ValidatingWebhookConfiguration of the group budget check (arguments as for :func:`build`)."""
-    return _configuration(
-        "ValidatingWebhookConfiguration", GROUPS_WEBHOOK_NAME, server.VALIDATE_GROUPS_PATH, ca_bundle, endpoint,
+    hook = _hook(
+        GROUPS_WEBHOOK_NAME, server.VALIDATE_GROUPS_PATH, ca_bundle, endpoint,
         rule={
             "operations": ["CREATE", "UPDATE"],
             "apiGroups": [names.GROUP],
@@ -86,10 +109,10 @@ def build_group_validation(*, ca_bundle: bytes | str, **endpoint: Unpack[Endpoin
         },
         condition={"name": "spec-changed", "expression": SPEC_CHANGED},
     )
+    return _configuration("ValidatingWebhookConfiguration", endpoint, [hook])
 
 
-def _configuration(
-    kind: str,
+def _hook(
     webhook_name: str,
     path: str,
     ca_bundle: bytes | str,
@@ -99,9 +122,10 @@ def _configuration(
     condition: dict[str, str],
     namespace_selector: dict[str, Any] | None = None,
     reinvocation: str | None = None,
+    failure_policy: str = "Fail",
 ) -> dict[str, Any]:
-    """One configuration of one webhook with the settings both share: ``failurePolicy: Fail`` behind a
-    match condition, no side effects, v1 reviews, equivalent matching."""
+    """One webhook with the settings all share: behind a match condition, no side effects, v1 reviews,
+    equivalent matching; ``failurePolicy: Fail`` unless said otherwise."""
     unknown = sorted(set(endpoint) - Endpoint.__optional_keys__)
     if unknown:  # what a plain signature would refuse: a misspelt setting must not be dropped silently
         raise TypeError(f"unexpected keyword argument(s): {', '.join(unknown)}")
@@ -115,14 +139,20 @@ def _configuration(
     }
     if namespace_selector is not None:
         hook["namespaceSelector"] = namespace_selector
-    hook.update(matchConditions=[condition], failurePolicy="Fail", sideEffects="None", timeoutSeconds=timeout_seconds)
+    hook.update(
+        matchConditions=[condition], failurePolicy=failure_policy, sideEffects="None", timeoutSeconds=timeout_seconds
+    )
     if reinvocation is not None:
         hook["reinvocationPolicy"] = reinvocation
+    return hook
+
+
+def _configuration(kind: str, endpoint: Endpoint, hooks: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": kind,
         "metadata": {"name": endpoint.get("name", DEFAULT_NAME), "labels": {"app.kubernetes.io/name": "deviceshare"}},
-        "webhooks": [hook],
+        "webhooks": hooks,
     }
 
 

@@ -28,10 +28,12 @@ import asyncio
 import contextlib
 import functools
 import logging
+import sys
 from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
+import orjson
 import pydantic
 from kubernetes_asyncio import client
 
@@ -68,18 +70,37 @@ class _Groups:
         self.deleting: set[Key] = set()  # groups with a deletionTimestamp (held by the finalizer)
         self.seen: int | None = None  # the newest resourceVersion the list+watch has delivered
         self.ahead: dict[Key, int] = {}  # groups whose state came from a GET newer than the watch
+        self._delivered = 0  # the newest resourceVersion a watch event brought, synced or not
+        self._next: tuple[dict[Key, models.GroupSpec], set[Key]] = ({}, set())  # a list being paged in
 
     def replace(self, objects: list[watching.Object], resource_version: str | None = None) -> None:
-        self.specs, self.deleting, self.ahead = {}, set(), {}
+        self.begin()
+        self.page(objects)
+        self.end(resource_version)
+
+    # A list page by page (watching.PagedSink): built aside, swapped in whole at its end, so admissions meanwhile
+    # answer from the previous list and no relist ever sits in memory whole.
+    def begin(self) -> None:
+        self._next = ({}, set())
+
+    def page(self, objects: list[watching.Object]) -> None:
+        specs, deleting = self._next
         for obj in objects:
-            self._store("ADDED", obj)
-        self.seen = _version(resource_version)
+            _parse_into(specs, deleting, "ADDED", obj)
+
+    def end(self, resource_version: str | None) -> None:
+        (self.specs, self.deleting), self.ahead = self._next, {}
+        self._next = ({}, set())
+        listed = _version(resource_version)  # the watch may have brought newer ones while the list was paged in
+        self.seen = None if listed is None else max(listed, self._delivered)
 
     def apply(self, event_type: str, obj: watching.Object) -> None:
         """A watch event, applied unless a GET has already put a newer state of the group here."""
         key, version = _key(obj), _version(obj)
-        if version is not None and self.seen is not None:
-            self.seen = max(self.seen, version)
+        if version is not None:
+            self._delivered = max(self._delivered, version)
+            if self.seen is not None:
+                self.seen = max(self.seen, version)
         got = self.ahead.get(key)
         if got is not None:
             if version is not None and version <= got:
@@ -99,19 +120,46 @@ class _Groups:
         return True
 
     def _store(self, event_type: str, obj: watching.Object) -> None:
-        key = _key(obj)
-        self.deleting.discard(key)
-        if event_type == "DELETED":
-            self.specs.pop(key, None)
-            return
-        if (obj.get("metadata") or {}).get("deletionTimestamp"):
-            self.deleting.add(key)
-        try:
-            self.specs[key] = models.GroupSpec.model_validate(obj.get("spec") or {})
-        except pydantic.ValidationError as e:
-            # The CRD schema should have refused it; without a valid spec there is nothing to join.
-            logger.warning("SharedDeviceGroup %s/%s has an invalid spec: %s", *key, e)
-            self.specs.pop(key, None)
+        _parse_into(self.specs, self.deleting, event_type, obj)
+
+
+def _parse_into(specs: dict[Key, models.GroupSpec], deleting: set[Key], event_type: str, obj: watching.Object) -> None:
+    key = _key(obj)
+    deleting.discard(key)
+    if event_type == "DELETED":
+        specs.pop(key, None)
+        return
+    if (obj.get("metadata") or {}).get("deletionTimestamp"):
+        deleting.add(key)
+    spec = _spec(obj.get("spec") or {})
+    if spec is None:
+        # The CRD schema should have refused it; without a valid spec there is nothing to join.
+        logger.warning("SharedDeviceGroup %s/%s has an invalid spec", *key)
+        specs.pop(key, None)
+    else:
+        specs[key] = spec
+
+
+_SPECS: dict[bytes, models.GroupSpec | None] = {}  # by the spec's JSON: 30,000 groups share a few dozen specs
+
+
+def _spec(raw: Mapping[str, Any]) -> models.GroupSpec | None:
+    """The spec as the model, one shared instance per distinct spec (a bounded memo; the model is frozen)."""
+    try:
+        key = orjson.dumps(raw, option=orjson.OPT_SORT_KEYS)
+    except TypeError:
+        key = b""
+    if key and key in _SPECS:
+        return _SPECS[key]
+    try:
+        spec: models.GroupSpec | None = models.GroupSpec.model_validate(raw)
+    except pydantic.ValidationError:
+        spec = None
+    if key:
+        if len(_SPECS) >= 4096:
+            _SPECS.pop(next(iter(_SPECS)))
+        _SPECS[key] = spec
+    return spec
 
 
 class _Members:
@@ -120,30 +168,47 @@ class _Members:
     def __init__(self) -> None:
         self.group_of: dict[Key, str] = {}  # pod key -> group name
         self.counts: dict[Key, int] = {}  # group key -> live members
+        self._next: tuple[dict[Key, str], dict[Key, int]] = ({}, {})  # a list being paged in
 
     def replace(self, objects: list[watching.Object], resource_version: str | None = None) -> None:
-        self.group_of, self.counts = {}, {}
+        self.begin()
+        self.page(objects)
+        self.end(resource_version)
+
+    # Page by page, built aside and swapped in at the end (see _Groups).
+    def begin(self) -> None:
+        self._next = ({}, {})
+
+    def page(self, objects: list[watching.Object]) -> None:
         for obj in objects:
-            self.apply("ADDED", obj)
+            _member_into(*self._next, "ADDED", obj)
+
+    def end(self, resource_version: str | None = None) -> None:
+        (self.group_of, self.counts), self._next = self._next, ({}, {})
 
     def apply(self, event_type: str, obj: watching.Object) -> None:
-        pod = _key(obj)
-        old = self.group_of.pop(pod, None)
-        if old is not None:
-            self._count((pod[0], old), -1)
-        if event_type == "DELETED" or not _is_live(obj):
-            return
-        group = ((obj.get("metadata") or {}).get("labels") or {}).get(names.POD_GROUP_LABEL)
-        if group:
-            self.group_of[pod] = str(group)
-            self._count((pod[0], str(group)), +1)
+        _member_into(self.group_of, self.counts, event_type, obj)
 
-    def _count(self, group: Key, delta: int) -> None:
-        n = self.counts.get(group, 0) + delta
-        if n > 0:
-            self.counts[group] = n
-        else:
-            self.counts.pop(group, None)
+
+def _member_into(group_of: dict[Key, str], counts: dict[Key, int], event_type: str, obj: watching.Object) -> None:
+    pod = _key(obj)
+    old = group_of.pop(pod, None)
+    if old is not None:
+        _count(counts, (pod[0], old), -1)
+    if event_type == "DELETED" or not _is_live(obj):
+        return
+    group = ((obj.get("metadata") or {}).get("labels") or {}).get(names.POD_GROUP_LABEL)
+    if group:
+        group_of[pod] = sys.intern(str(group))
+        _count(counts, (pod[0], group_of[pod]), +1)
+
+
+def _count(counts: dict[Key, int], group: Key, delta: int) -> None:
+    n = counts.get(group, 0) + delta
+    if n > 0:
+        counts[group] = n
+    else:
+        counts.pop(group, None)
 
 
 class _Quotas:

@@ -5,6 +5,7 @@ Stateless apart from caches, so any number of replicas can serve behind one Serv
 - ``POST /mutate-pods``: AdmissionReview in, AdmissionReview out (:mod:`admission` decides);
 - ``POST /validate-groups``: a SharedDeviceGroup CREATE/UPDATE against its namespace's device
   budget (:mod:`budgets` decides);
+- ``POST /mutate-groups``: a SharedDeviceGroup CREATE gets the operator's finalizer (:mod:`finalizers`);
 - ``GET /healthz``: the process is up; ``GET /readyz``: the group caches have synced and the server
   is not draining; ``GET /metrics``: Prometheus text.
 
@@ -45,12 +46,13 @@ from kubernetes_asyncio import client
 from deviceshare.api import envnames, names
 from deviceshare.core import members as member_rules
 from deviceshare.kube import connecting
-from deviceshare.webhooks import admission, budgets, groups, limits, metrics, mpsclients, reviews, tls
+from deviceshare.webhooks import admission, budgets, finalizers, groups, limits, metrics, mpsclients, reviews, tls
 
 logger = logging.getLogger(__name__)
 
 MUTATE_PATH = "/mutate-pods"
 VALIDATE_GROUPS_PATH = "/validate-groups"
+MUTATE_GROUPS_PATH = "/mutate-groups"
 DEFAULT_WARMUP_TIMEOUT_S = 2.0
 
 
@@ -100,6 +102,7 @@ class Webhook:
             app[limits.GUARD_KEY] = guard
         app.router.add_post(MUTATE_PATH, self.mutate)
         app.router.add_post(VALIDATE_GROUPS_PATH, self.validate_groups)
+        app.router.add_post(MUTATE_GROUPS_PATH, self.mutate_groups)
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/readyz", self.readyz)
         app.router.add_get("/metrics", self.exposition)
@@ -110,6 +113,9 @@ class Webhook:
 
     async def validate_groups(self, request: web.Request) -> web.Response:
         return await self._answer(request, self._group_validation)
+
+    async def mutate_groups(self, request: web.Request) -> web.Response:
+        return await self._answer(request, self._group_mutation)
 
     async def _answer(
         self, request: web.Request, decide: Callable[[dict[str, Any]], Awaitable[admission.Decision]]
@@ -160,6 +166,9 @@ class Webhook:
         if not self.budget_view.budget_synced:
             await self.lookup.wait_synced(self.settings.warmup_timeout_s)
         return budgets.decide(body, self.budget_view)
+
+    async def _group_mutation(self, body: dict[str, Any]) -> admission.Decision:
+        return finalizers.decide(body)  # needs no cache: answered at once, also while the caches warm up
 
     async def _review(self, request: web.Request) -> dict[str, Any]:
         """The request body as a JSON object, within the size and time limits (see the module doc)."""

@@ -52,6 +52,17 @@ async def test_the_first_pod_of_a_new_group_is_placed_and_bound_with_exactly_one
     assert scheduled_condition(h, ("ns", "g"))["reason"] == "Bound"
 
 
+async def test_a_group_created_with_its_finalizer_costs_one_status_write_one_binding_and_one_event() -> None:
+    """The webhook sets the finalizer in the group's CREATE: the operator then adds none (3 writes in all)."""
+    h = Harness(node("n1"))
+    h.see(h.api.add_group("g", finalizers=[names.GROUP_FINALIZER]))
+    h.see(h.api.add_pod("p", "g"))
+
+    assert (await h.scheduler.schedule(("ns", "p"))).result is Result.BOUND
+    assert [(w.verb, w.key) for w in h.api.writes] == [("status", ("ns", "g")), ("bind", ("ns", "p"))]
+    assert [(name, reason) for name, reason, _ in await h.events()] == [("p", "Scheduled")]
+
+
 @pytest.mark.parametrize("seed", range(5))
 async def test_api_writes_per_bound_pod(seed: int) -> None:
     """One write per pod (the Binding); per group one finalizer and one status write, whatever the order."""

@@ -15,7 +15,7 @@ import aiohttp
 import pytest
 
 from deviceshare.api import names
-from deviceshare.kube import rest
+from deviceshare.kube import http1, rest
 from deviceshare.operator import state, storage
 
 GROUP = {
@@ -50,7 +50,7 @@ class Script:
         self.api.on_write = lambda verb, resource, result: self.outcomes.append((verb, resource, result))
 
     async def _call(self, client: Any, method: str, path: str, body: Any = None, *, content_type: str = "",
-                    timeout: float | None = None) -> Any:
+                    timeout: float | None = None, connections: Any = None) -> Any:
         self.sent.append(Sent(method, path, copy.deepcopy(body), content_type))
         assert self.answers, f"unexpected request {method} {path}"
         answer = self.answers.pop(0)
@@ -254,3 +254,37 @@ async def test_a_missing_group_reads_as_none(monkeypatch: pytest.MonkeyPatch) ->
     assert await script.api.read_group_if_exists(("ns", "g")) is None
     with pytest.raises(storage.Gone):
         await script.api.read_group(("ns", "g"))
+
+
+async def test_a_write_that_never_left_is_retried_and_one_whose_answer_was_lost_is_read_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """kube/http1's two errors: no connection (the Binding never left: nothing to resolve, try again later) and a
+    connection lost after sending (it may have landed: read back)."""
+    script = Script(monkeypatch, http1.NotSent("connection refused"))
+    with pytest.raises(storage.RetryLater) as not_sent:
+        await script.api.bind_pod(("ns", "p"), "pu", "n1", ANNOTATIONS)
+    assert not isinstance(not_sent.value, storage.Uncertain)
+    assert script.requests() == [("POST", POD_PATH + "/binding")]
+    assert script.outcomes == [("bind", "pods/binding", "failed")]
+
+    script = Script(monkeypatch, http1.AnswerLost("dropped mid-answer"), pod("n1", ANNOTATIONS))
+    await script.api.bind_pod(("ns", "p"), "pu", "n1", ANNOTATIONS)  # read back: bound by us
+    assert script.requests() == [("POST", POD_PATH + "/binding"), ("GET", POD_PATH)]
+    assert script.outcomes == [("bind", "pods/binding", "uncertain_resolved")]
+
+
+async def test_a_list_goes_page_by_page_each_made_into_records_and_starts_again_after_a_410(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def page(names_: list[str], version: str, token: str | None) -> dict[str, Any]:
+        meta: dict[str, Any] = {"resourceVersion": version, **({"continue": token} if token else {})}
+        return {"metadata": meta, "items": [{"metadata": {"name": n}} for n in names_]}
+
+    script = Script(monkeypatch, page(["a", "b"], "7", "t1"), rest.ApiError(410, "continue token too old"),
+                    page(["a", "b"], "9", "t2"), page(["c"], "9", None))
+    listing = await script.api.list_pods(lambda body: body["metadata"]["name"].upper())
+    assert (listing.items, listing.resource_version) == (["A", "B", "C"], "9")
+    paths = [s.path for s in script.sent]
+    assert paths[0] == "/api/v1/pods?limit=2000" and paths[1].endswith("&continue=t1")
+    assert paths[2] == paths[0] and paths[3].endswith("&continue=t2")  # a fresh list after the 410

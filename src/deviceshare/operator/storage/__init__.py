@@ -14,7 +14,18 @@ Every name in a path is URL-quoted: names come from annotations a pod's owner wr
 from __future__ import annotations
 
 from .cluster import ClusterApi
-from .errors import Conflict, Fence, Fenced, Gone, Invalid, OpenFence, RetryLater, TooManyRequests, Uncertain
+from .errors import (
+    Conflict,
+    Expired,
+    Fence,
+    Fenced,
+    Gone,
+    Invalid,
+    OpenFence,
+    RetryLater,
+    TooManyRequests,
+    Uncertain,
+)
 from .transport import MERGE_PATCH, STRATEGIC_MERGE_PATCH, GroupKey, PodKey, _group_path, _pod_path, now_rfc3339
 
 __all__ = [
@@ -22,6 +33,7 @@ __all__ = [
     "STRATEGIC_MERGE_PATCH",
     "ClusterApi",
     "Conflict",
+    "Expired",
     "Fence",
     "Fenced",
     "Gone",

@@ -21,6 +21,7 @@ from deviceshare.kube import watching
 from .. import readback
 from .. import state as state_
 from ..readback import Seen
+from . import listing
 from .errors import READ_BACK_TRIES, Conflict, Gone, TooManyRequests, Uncertain
 from .eventwrites import EventWrites
 from .transport import (
@@ -38,8 +39,9 @@ from .transport import (
 logger = logging.getLogger(__name__)
 
 
-class ClusterApi(EventWrites):
-    """Every read the operator makes outside its watches, and every write."""
+class ClusterApi(listing.Collections, EventWrites):
+    """Every read the operator makes outside its watches, and every write (lists of nodes, pods and groups: see
+    :class:`.listing.Collections`; Events: :class:`.eventwrites.EventWrites`)."""
 
     def node_reflector(self, sink: watching.Sink, *, resume_from: str | None = None) -> watching.Reflector:
         """A list+watch of every node, feeding ``sink`` (``resume_from``: see :class:`watching.Reflector`)."""
@@ -73,20 +75,6 @@ class ClusterApi(EventWrites):
         )
 
     # -- reads ---------------------------------------------------------------------------------
-
-    async def list_nodes(self) -> watching.Listing:
-        return await self._list("/api/v1/nodes", "list nodes")
-
-    async def list_pods(self) -> watching.Listing:
-        return await self._list("/api/v1/pods", "list pods")
-
-    async def list_groups(self) -> watching.Listing:
-        return await self._list(f"/apis/{names.API_VERSION}/{names.PLURAL}", "list shareddevicegroups")
-
-    async def _list(self, path: str, what: str) -> watching.Listing:
-        data = await self._call("GET", path, what)
-        version = (data.get("metadata") or {}).get("resourceVersion")
-        return watching.Listing(list(data.get("items") or []), str(version) if version else None)
 
     async def read_group(self, key: GroupKey) -> state_.GroupRecord:
         """The group as the API shows it now (``Gone`` if it does not exist)."""

@@ -34,6 +34,10 @@ class RetryLater(Exception):
         self.delay = delay
 
 
+class Expired(RetryLater):
+    """410: a paged list's continue token is too old (the server moved on): list again from the start."""
+
+
 class TooManyRequests(RetryLater):
     """429: refused, certainly not applied. On an eviction, a PodDisruptionBudget allows no disruption now."""
 
@@ -76,6 +80,8 @@ def translate(
         return Conflict(text)
     if status == 404:
         return Gone(text)
+    if status == 410:
+        return Expired(text)
     if status in (400, 403, 415, 422):
         return Invalid(text)
     if write and status >= 500:  # 504 Timeout says it outright: "may still be processing the request"

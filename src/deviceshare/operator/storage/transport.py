@@ -26,7 +26,7 @@ import aiohttp
 from kubernetes_asyncio import client as k8s
 
 from deviceshare.api import names
-from deviceshare.kube import rest
+from deviceshare.kube import http1, rest
 
 from ..readback import Seen
 from .errors import (
@@ -51,8 +51,17 @@ MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
 
 
+_NOW: list[tuple[int, str]] = [(0, "")]  # the last second formatted: every event and condition stamps one
+
+
 def now_rfc3339() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    second = int(time.time())
+    cached = _NOW[0]
+    if cached[0] == second:
+        return cached[1]
+    text = datetime.datetime.fromtimestamp(second, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    _NOW[0] = (second, text)
+    return text
 
 
 class Transport:
@@ -60,6 +69,9 @@ class Transport:
 
     def __init__(self, api_client: k8s.ApiClient, *, request_timeout: float = 30.0) -> None:
         self._client = api_client
+        # Writes and reads go over kept-alive HTTP/1.1 connections of our own (a third of aiohttp's CPU per
+        # request; kube/http1.py), watches over the client's aiohttp session; None where a proxy is configured.
+        self._connections = http1.Connections.for_client(api_client)
         # No call may hang for ever: a stuck write would hold its group's lock.
         self.request_timeout = request_timeout
         self.watch_timeout_s = 300  # the server ends a watch after this long; it is then resumed
@@ -71,6 +83,8 @@ class Transport:
         self._unsettled_until = 0.0
 
     async def close(self) -> None:
+        if self._connections is not None:
+            await self._connections.close()
         await self._client.close()
 
     async def _call(
@@ -85,7 +99,8 @@ class Transport:
         """A read (or a Lease write, which the election guards itself)."""
         try:
             return await rest.call(
-                self._client, method, path, body, content_type=content_type, timeout=self.request_timeout
+                self._client, method, path, body, content_type=content_type, timeout=self.request_timeout,
+                connections=self._connections,
             )
         except rest.ApiError as e:
             raise translate(e.status, e.message, e.headers, what) from e
@@ -116,7 +131,7 @@ class Transport:
         try:
             answer = await rest.call(
                 self._client, method, f"{path}?timeout={int(window * 1000)}ms", body,
-                content_type=content_type, timeout=window + 1.0,
+                content_type=content_type, timeout=window + 1.0, connections=self._connections,
             )
         except asyncio.CancelledError:  # abandoned, not withdrawn: the server may still apply it
             self._unsettled_until = max(self._unsettled_until, deadline)
@@ -125,7 +140,7 @@ class Transport:
             error = translate(e.status, e.message, e.headers, what, write=True)
             self._count_failure(verb, resource, error, resolved_by_caller)
             raise error from e
-        except aiohttp.ClientConnectorError as e:  # never reached the server: certainly not applied
+        except (aiohttp.ClientConnectorError, http1.NotSent) as e:  # never reached the server: certainly not applied
             self.on_write(verb, resource, "failed")
             raise RetryLater(f"{what}: {e}", delay=1.0) from e
         except (aiohttp.ClientError, TimeoutError) as e:  # sent, answer lost: it may have been applied
