@@ -32,13 +32,7 @@ class BudgetView(Protocol):
 def decide(body: Mapping[str, Any], view: BudgetView) -> admission.Decision:
     """Allow or refuse a group write (raises :class:`admission.MalformedReview`)."""
     request = reviews.request_of(body)
-    kind = request["kind"]
-    if (
-        request["operation"] not in ("CREATE", "UPDATE")
-        or kind.get("group") != names.GROUP
-        or kind.get("kind") != names.KIND
-        or request.get("subResource")
-    ):
+    if not reviews.is_group_write(request, ("CREATE", "UPDATE")):
         return admission.Decision(allowed=True, outcome="skipped")
     group = request.get("object")
     if group is None:

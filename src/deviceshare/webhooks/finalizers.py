@@ -25,13 +25,7 @@ def decide(body: Mapping[str, Any], finalizer: str = names.GROUP_FINALIZER) -> a
     """The decision for one review (raises :class:`reviews.MalformedReview` naming the field at fault):
     a SharedDeviceGroup CREATE without ``finalizer`` is patched to carry it; anything else passes untouched."""
     request = reviews.request_of(body)
-    kind = request["kind"]
-    if (
-        request["operation"] != "CREATE"
-        or kind.get("group") != names.GROUP
-        or kind.get("kind") != names.KIND
-        or request.get("subResource")
-    ):
+    if not reviews.is_group_write(request, ("CREATE",)):
         return admission.Decision(allowed=True, outcome="skipped")
     group = request.get("object")
     if group is None:

@@ -22,6 +22,8 @@ import re
 from collections.abc import Mapping
 from typing import Any, NoReturn
 
+from deviceshare.api import names
+
 API_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
 
 Path = tuple[str | int, ...]
@@ -104,6 +106,17 @@ def request_of(body: Any) -> Mapping[str, Any]:
     if dry_run is not None and not isinstance(dry_run, bool):
         _fail((*_REQUEST, "dryRun"), dry_run, "a boolean")
     return request
+
+
+def is_group_write(request: Mapping[str, Any], operations: tuple[str, ...]) -> bool:
+    """Whether the request writes a SharedDeviceGroup itself (not a subresource) by one of ``operations``."""
+    kind = request["kind"]
+    return (
+        request["operation"] in operations
+        and kind.get("group") == names.GROUP
+        and kind.get("kind") == names.KIND
+        and not request.get("subResource")
+    )
 
 
 def check_pod(pod: Mapping[str, Any], at: Path = ("request", "object")) -> None:
