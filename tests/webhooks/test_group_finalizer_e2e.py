@@ -13,6 +13,7 @@ import pytest
 from deviceshare.api import names
 from deviceshare.sandbox import Sandbox
 from deviceshare.webhooks import certs, configuration, server
+from tests import waiting
 from tests.operator.conftest import operator_config, start_operator
 from tests.operator.kube import Kube
 
@@ -91,6 +92,8 @@ async def test_with_the_webhook_down_a_group_is_created_and_the_operator_adds_th
                 "the operator's finalizer",
             )
             assert group["metadata"]["finalizers"] == [names.GROUP_FINALIZER]
+            # The write is counted once its answer is in, which may come after the test's watch has seen it land.
+            await waiting.until(lambda: writes(operator).get(("patch", "shareddevicegroups")), "the write counted")
             assert writes(operator)[("patch", "shareddevicegroups")] == 1
         finally:
             await operator.stop()
