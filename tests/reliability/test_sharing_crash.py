@@ -48,7 +48,10 @@ async def test_a_kill_mid_burst_loses_no_share_and_doubles_none(
     cluster.clear_faults()  # the dead operator's bindings land now
     await workload.until(lambda: len(held.answered) == in_flight, "the dead operator's last bindings answered")
     assert set(held.answered) == {201}
-    assert len(bound(cluster)) == in_flight
+    # At least those: a binding the dead operator wrote to its connection just before the kill may still be on
+    # the wire, unread by the sandbox when the kill returned (one core, a busy server), and lands too, unheld, as
+    # it would on a real cluster. The successor must cope with any of them.
+    assert len(bound(cluster)) >= in_flight
     watchdog.check()
 
     second = await launch(operator_config(cluster))
