@@ -7,7 +7,7 @@ import logging
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 
-from deviceshare import errors
+from deviceshare.kube import serving
 
 logger = logging.getLogger("deviceshare.nodeagent.metrics")
 
@@ -21,21 +21,8 @@ class MetricsServer:
         self.port: int | None = None
 
     async def start(self, host: str, port: int) -> None:
-        app = web.Application()
-        app.router.add_get("/metrics", self._metrics)
-        app.router.add_get("/healthz", self._health)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port)
-        try:
-            await site.start()
-        except OSError as e:
-            await self.stop()
-            raise errors.ConfigError(
-                f"cannot serve metrics on {host}:{port}: {e.strerror or e} (--metrics-port)"
-            ) from e
-        sockets = getattr(site._server, "sockets", None) or []
-        self.port = int(sockets[0].getsockname()[1]) if sockets else port
+        routes = {"/metrics": self._metrics, "/healthz": self._health}
+        self._runner, self.port = await serving.start(routes, host, port, "--metrics-port")
         logger.info("metrics on http://%s:%s/metrics", host, self.port)
 
     async def stop(self) -> None:

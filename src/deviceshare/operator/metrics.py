@@ -11,7 +11,7 @@ import prometheus_client
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from deviceshare import errors
+from deviceshare.kube import serving
 
 from . import fleetmetrics, nodemetrics
 
@@ -161,23 +161,8 @@ class MetricsServer:
 
     async def start(self, host: str, port: int) -> None:
         """Bind ``host:port``; a port that is taken is a :class:`~deviceshare.errors.ConfigError`."""
-        app = web.Application()
-        app.router.add_get("/metrics", self._serve_metrics)
-        app.router.add_get("/healthz", self._serve_health)
-        app.router.add_get("/readyz", self._serve_ready)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port)
-        try:
-            await site.start()
-        except OSError as e:
-            await self.stop()
-            raise errors.ConfigError(
-                f"cannot serve metrics on {host}:{port}: {e.strerror or e} (--metrics-port, --metrics-host)"
-            ) from e
-        server = site._server
-        sockets = getattr(server, "sockets", None) or []
-        self.port = int(sockets[0].getsockname()[1]) if sockets else port
+        routes = {"/metrics": self._serve_metrics, "/healthz": self._serve_health, "/readyz": self._serve_ready}
+        self._runner, self.port = await serving.start(routes, host, port, "--metrics-port, --metrics-host")
         logger.info("metrics and probes on http://%s:%s (/metrics, /healthz, /readyz)", host, self.port)
 
     async def stop(self) -> None:
