@@ -35,7 +35,7 @@ def test_the_env_way_adds_nothing_to_the_env_annotations() -> None:
 
 def test_describe_says_which_way_a_pod_got() -> None:
     assert handovers.describe({names.POD_SELECTED_DEVICES_ANNOTATION: "{}"}) == "env"
-    assert handovers.describe({"nvidia.cdi.k8s.io/container.main": "nvidia.com/gpu=0"}) == "cdi (nvidia.com/gpu=0)"
+    assert handovers.describe({"nvidia.cdi.k8s.io/container.main": "nvidia.com/gpu=0"}) == "cdi nvidia.com/gpu=0"
 
 
 def test_settings_from_the_file_then_the_flags(tmp_path: Path) -> None:

@@ -146,9 +146,6 @@ def carried(annotations: Mapping[str, str] | None) -> dict[str, str]:
 
 
 def describe(annotations: Mapping[str, str] | None) -> str:
-    """``cdi (nvidia.com/gpu=0,nvidia.com/gpu=1)`` or ``env`` (what demo, inspect and explain print)."""
-    per_container = carried(annotations)
-    values = sorted(set(per_container.values()))
-    if not values:
-        return "env"
-    return "cdi (" + "; ".join(values) + ")"
+    """``cdi nvidia.com/gpu=0,nvidia.com/gpu=1`` or ``env`` (what demo, inspect and explain print)."""
+    values = sorted(set(carried(annotations).values()))
+    return "cdi " + "; ".join(values) if values else "env"
