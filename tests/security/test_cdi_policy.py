@@ -78,7 +78,13 @@ async def test_only_the_operator_may_bind_with_cdi_annotations(
 
 
 async def test_members_on_cdi_nodes_run_with_exactly_their_group_devices(tenant: Kube, sandbox: Sandbox) -> None:
+    for node in ("gpu-node-0", "gpu-node-1"):  # configured as CDI nodes (the operator's default is cdi already)
+        sandbox.patch("nodes", node, {"metadata": {"labels": {names.NODE_HANDOVER_LABEL: "cdi"}}})
     await attacks.group(tenant, NS, "pair", gpus=2)
     bound = _annotations(await attacks.member(tenant, NS, "pair", "pair-0"))
     ids = bound[names.env_annotation("NVIDIA_VISIBLE_DEVICES")].split(",")
     assert bound["nvidia.cdi.k8s.io/container.main"] == ",".join(f"nvidia.com/gpu={i}" for i in ids)
+    # The node's kubelet runs it by CDI: its container gets exactly those devices.
+    started = await tenant.wait_for(
+        lambda: sandbox.kubelet.started_devices.get((NS, "pair-0")) if sandbox.kubelet else None, "pair-0 started")
+    assert started == {"main": tuple(f"nvidia.com/gpu={i}" for i in ids)}
