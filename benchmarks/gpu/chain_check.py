@@ -58,6 +58,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--handover", choices=("cdi", "env"), default="cdi", help="the operator's --handover")
     parser.add_argument("--timeout", type=float, default=300.0, help="bound on the whole run, seconds")
     parser.add_argument("--json", type=Path, help="also write the results as JSON here")
+    parser.add_argument("--probe", type=Path, default=PROBE,
+                        help="the CUDA client run with the pod's env (default: mps_probe.py, PyTorch)")
     args = parser.parse_args(argv)
     if not args.compute.endswith("m") or not 0 < int(args.compute[:-1] or 0) <= 1000:
         parser.error(f"--compute must be a milli-quantity in (0, 1000m], got {args.compute!r}")
@@ -66,7 +68,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def prerequisites(site: Path | None) -> list[tuple[str, str]]:
+def prerequisites(site: Path | None, probe: Path = PROBE) -> list[tuple[str, str]]:
     """(what, problem) for everything missing; empty when the run can start."""
     missing: list[tuple[str, str]] = []
     if site is not None and not site.is_dir():
@@ -77,7 +79,7 @@ def prerequisites(site: Path | None) -> list[tuple[str, str]]:
     for module in MODULES:
         if importlib.util.find_spec(module) is None:
             missing.append((module, "not importable: install the wheels of benchmarks/gpu/requirements.txt"))
-    if importlib.util.find_spec("torch") is None:
+    if probe == PROBE and importlib.util.find_spec("torch") is None:
         missing.append(("torch", "not importable: the CUDA probe needs PyTorch"))
     if shutil.which("nvidia-smi") is not None:
         listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30, check=False)
@@ -122,8 +124,8 @@ def spawn(argv: list[str], env: dict[str, str], log_path: Path) -> subprocess.Po
         return subprocess.Popen(argv, env=env, stdout=log, stderr=log)
 
 
-def probe(env: dict[str, str], sizes: list[float], timeout: float) -> dict[str, Any]:
-    done = subprocess.run([sys.executable, str(PROBE), *map(str, sizes)], env=env, capture_output=True, text=True,
+def probe(program: Path, env: dict[str, str], sizes: list[float], timeout: float) -> dict[str, Any]:
+    done = subprocess.run([sys.executable, str(program), *map(str, sizes)], env=env, capture_output=True, text=True,
                           timeout=timeout, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"the CUDA probe failed: {done.stderr.strip()[-500:]}")
@@ -226,8 +228,10 @@ async def chain(args: argparse.Namespace, root: Path, deadline: float) -> list[t
             base = {k: v for k, v in os.environ.items() if not k.startswith("CUDA_MPS_")}
             sizes = [0.75 * args.memory_gib, 1.5 * args.memory_gib]
             # In a thread: the sandbox serves the agent and the operator meanwhile (its XID watch keeps running).
-            limited = await asyncio.to_thread(probe, {**base, **pod_env}, sizes, max(deadline - time.monotonic(), 10))
-            unlimited = await asyncio.to_thread(probe, {**base, "CUDA_MPS_PIPE_DIRECTORY": str(daemon.pipe)}, sizes,
+            limited = await asyncio.to_thread(probe, args.probe, {**base, **pod_env}, sizes,
+                                              max(deadline - time.monotonic(), 10))
+            no_limits = {**base, "CUDA_MPS_PIPE_DIRECTORY": str(daemon.pipe)}
+            unlimited = await asyncio.to_thread(probe, args.probe, no_limits, sizes,
                                                 max(deadline - time.monotonic(), 10))
             ratio = limited["bf16_tflops"] / unlimited["bf16_tflops"] if unlimited["bf16_tflops"] else 0.0
             rows.append(("SMs with the pod's env", f"<= ceil({percent}% of {unlimited['sms']})",
@@ -242,9 +246,11 @@ async def chain(args: argparse.Namespace, root: Path, deadline: float) -> list[t
 
             health = annotations().get(names.NODE_HEALTH_ANNOTATION)
             sick = json.loads(health).get(names.NVIDIA_GPU_RESOURCE, []) if health else []
-            alarms = (root / "agent.log").read_text(errors="replace").count("unhealthy")
-            rows.append(("XID watch: no false alarm", "no unhealthy GPU", f"{len(sick)} listed, {alarms} log lines",
-                         not sick and alarms == 0))
+            agent_log = (root / "agent.log").read_text(errors="replace")
+            alarms, unwatched = agent_log.count("unhealthy"), agent_log.count("not watched")  # agent.py, xids.py
+            rows.append(("XID watch on every GPU, no false alarm", "watched, no unhealthy GPU",
+                         f"{unwatched} unwatched, {len(sick)} listed, {alarms} alarms in the log",
+                         not sick and alarms == 0 and unwatched == 0))
     finally:
         for proc in procs:
             proc.terminate()
@@ -266,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.site is not None:
         sys.path.insert(0, str(args.site))
     sys.path.insert(0, str(ROOT / "src"))
-    missing = prerequisites(args.site)
+    missing = prerequisites(args.site, args.probe)
     for what, problem in missing:
         print(f"missing: {what}: {problem}", file=sys.stderr)
     if missing:

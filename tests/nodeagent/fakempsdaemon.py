@@ -37,6 +37,16 @@ class FakeMpsDaemon:
         server.listen(16)
         return server
 
+    def accept_forever(self) -> None:
+        """Accept clients on ``control`` and hang up at once (the real daemon then waits for credentials)."""
+        listener = self._listeners[0]
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return  # stopped
+            client.close()
+
     def stop(self) -> None:
         """The daemon dies: nobody listens any more, its socket files stay behind."""
         for listener in self._listeners:
