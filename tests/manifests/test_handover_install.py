@@ -4,32 +4,14 @@ kustomize component ``manifests/overlays/cdi`` give the operator the same flags,
 from __future__ import annotations
 
 import argparse
-import shutil
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from deviceshare.operator import command
 from tests.charts import rendering
 from tests.charts.test_chart import _assert_same_install
 from tests.manifests import kube_objects
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _kustomize(tmp: Path, components: list[str]) -> list[kube_objects.KubeObject]:
-    if kube_objects.kubectl() is None:
-        pytest.skip("kubectl is not installed: cannot render the kustomizations")
-    shutil.copytree(ROOT / "manifests", tmp / "manifests")
-    shutil.copytree(ROOT / "crds", tmp / "crds")
-    install = tmp / "manifests" / "overlays" / "install"
-    install.mkdir()
-    (install / "kustomization.yaml").write_text(
-        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
-        f"resources: [../cert-manager]\ncomponents: [{', '.join(components)}]\n"
-    )
-    return kube_objects.render(install)
+from tests.manifests.test_node_agent import _render
 
 
 def _operator_args(objects: list[dict[str, Any]]) -> list[str]:
@@ -49,7 +31,7 @@ def _parsed(args: list[str], tmp_path: Path) -> Any:
 def test_the_cdi_component_installs_what_handover_default_cdi_installs(tmp_path: Path) -> None:
     chart = rendering.objects(rendering.template_text({"webhook.certificates": "cert-manager",
                                                        "handover.default": "cdi"}))
-    kustomized = _kustomize(tmp_path, ["../cdi"])
+    kustomized = _render(tmp_path, ["../cdi"])
     _assert_same_install(chart, kustomized)
     chosen = _parsed(_operator_args(kustomized), tmp_path)
     assert chosen.default == "cdi" and chosen.cdi_kinds == {"nvidia.com/gpu": "nvidia.com/gpu"}
