@@ -29,7 +29,11 @@ async def test_demo_binds_every_example_pod_with_wired_devices(
     trainer = {line.split()[-1] for line in pod_rows if line.split()[2] == "trainer"}
     assert len(trainer) == 1 and len(trainer.pop().split("=")[1].split(",")) == 2
     # Sharing groups are bound too, their pods seeing their limits; the tile groups see one tile each.
-    env = {line.split()[1]: dict(e.split("=", 1) for e in line.split()[5:]) for line in pod_rows}
+    env = {line.split()[1]: dict(e.split("=", 1) for e in line.split()[6:]) for line in pod_rows}
+    # Each bound pod's hand-over (CONTRACT §12): by CDI on the node labelled so, by env var elsewhere.
+    handover = {line.split()[1]: (line.split()[3], line.split()[5]) for line in pod_rows}
+    assert {way for node, way in handover.values() if node == "gpu-node-3"} <= {"cdi"}
+    assert {way for node, way in handover.values() if node != "gpu-node-3"} == {"env"}
     assert env["llm-0"]["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=24576M"
     assert env["nb-alice"]["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
     assert sorted(env[p]["ZE_AFFINITY_MASK"] for p in ("encode-0", "decode-0")) == ["0.0", "0.1"]

@@ -100,7 +100,8 @@ def test_operator_runs_the_operator_command_with_its_environment(
     container = _container(_deployment(base_objects, "operator"))
     assert container["image"] == IMAGE
     assert [*container["command"], *container.get("args", [])] == [
-        "deviceshare", "operator", "--leader-elect", "--env-config", "/config/env-names.yaml"]
+        "deviceshare", "operator", "--leader-elect", "--env-config", "/config/env-names.yaml",
+        "--handover=env", "--cdi-kind=nvidia.com/gpu=nvidia.com/gpu"]
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
     volumes = {v["name"]: v for v in _deployment(base_objects, "operator")["spec"]["template"]["spec"]["volumes"]}
     assert mounts["env-names"] == "/config"

@@ -4,6 +4,7 @@ when a GPU falls ill, when an answer is lost, and when the device file is wrong.
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import socket
 from pathlib import Path
@@ -13,9 +14,9 @@ import pytest
 
 from deviceshare.api import names
 from deviceshare.core import inventory
-from deviceshare.nodeagent import filesource, publishing, xids
+from deviceshare.nodeagent import agent, filesource, publishing, xids
 from deviceshare.sandbox import Sandbox
-from tests.nodeagent import servers
+from tests.nodeagent import fakempsdaemon, servers
 from tests.nodeagent.conftest import MakeAgent, count_node_writes, until
 
 GPU = names.NVIDIA_GPU_RESOURCE
@@ -154,20 +155,28 @@ async def test_a_device_file_feeds_the_same_annotations_and_a_typo_changes_nothi
     assert annotations(cluster) == before
 
 
-def _listening(path: Path) -> socket.socket:
-    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    server.bind(str(path / "control"))
-    server.listen(1)
-    return server
-
-
 async def test_mps_ready_follows_the_control_daemon(cluster: Sandbox, make_agent: MakeAgent, tmp_path: Path) -> None:
     probe = make_agent(mps_pipe_directory=tmp_path)
     await probe.agent.sync()
     assert names.NODE_MPS_ANNOTATION not in annotations(cluster)
-    daemon = _listening(tmp_path)
+    daemon = fakempsdaemon.FakeMpsDaemon(tmp_path)
     await probe.agent.sync()
     assert annotations(cluster)[names.NODE_MPS_ANNOTATION] == "ready"
-    daemon.close()  # the socket file stays behind, nobody listens: not ready
+    daemon.stop()  # the socket file stays behind, nobody listens: not ready
     await probe.agent.sync()
     assert names.NODE_MPS_ANNOTATION not in annotations(cluster)
+
+
+def test_mps_ready_connects_as_the_real_daemon_requires(tmp_path: Path) -> None:
+    """The daemon's control socket is SEQPACKET: a stream connect is refused with EPROTOTYPE, as measured on a
+    real ``nvidia-cuda-mps-control -d``; readiness must still be seen (the agent before the fix reported none)."""
+    daemon = fakempsdaemon.FakeMpsDaemon(tmp_path)
+    stream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    with pytest.raises(OSError) as refused:
+        stream.connect(str(tmp_path / "control"))
+    stream.close()
+    assert refused.value.errno == errno.EPROTOTYPE
+    assert agent.mps_ready(tmp_path) is True
+    daemon.stop()
+    assert agent.mps_ready(tmp_path) is False
+    assert agent.mps_ready(tmp_path / "absent") is False

@@ -4,7 +4,6 @@ to the daemon. Without a daemon anywhere, the pod says why it waits."""
 
 from __future__ import annotations
 
-import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -14,7 +13,7 @@ import pytest
 from deviceshare.api import models, names
 from deviceshare.sandbox import Sandbox
 from deviceshare.webhooks import certs, configuration, mpsclients, server
-from tests.nodeagent import servers
+from tests.nodeagent import fakempsdaemon, servers
 from tests.operator.conftest import operator_config, start_operator
 from tests.operator.kube import Kube
 from tests.operator.test_device_health import _refusal
@@ -42,10 +41,7 @@ async def test_compute_shares_go_where_mps_runs_and_their_pods_reach_the_daemon(
     sandbox_options: dict[str, int],
 ) -> None:
     pipe = tmp_path / "mps" / "pipe"
-    pipe.mkdir(parents=True)
-    daemon = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    daemon.bind(str(pipe / "control"))
-    daemon.listen(1)
+    daemon = fakempsdaemon.FakeMpsDaemon(pipe)
     with_mps = await publish("gpu-node-1", servers.NVLINK_PAIRS_2X2, mps_pipe_directory=pipe)
     await publish("gpu-node-0", servers.NVLINK_PAIRS_2X2, mps_pipe_directory=tmp_path / "nothing-here")
     running = await start_operator(operator_config(cluster, mps=True))
@@ -59,7 +55,7 @@ async def test_compute_shares_go_where_mps_runs_and_their_pods_reach_the_daemon(
         group = await kube.wait_group(NS, "half", lambda g: bool(_devices(g)), "placed")
         assert group["status"]["nodeName"] == "gpu-node-1"  # gpu-node-0 sorts first, but runs no MPS
 
-        daemon.close()  # the daemon stops: the agent stops saying ready
+        daemon.stop()  # the daemon stops: the agent stops saying ready
         await with_mps.agent.sync()
         assert names.NODE_MPS_ANNOTATION not in (cluster.get("nodes", "gpu-node-1") or {})["metadata"]["annotations"]
         await kube.create_group(NS, "quarter", {GPU: 1}, **SHARE)

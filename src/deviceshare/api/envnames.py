@@ -151,22 +151,14 @@ class EnvNames:
     @classmethod
     def from_file(cls, path: str | Path) -> EnvNames:
         """Load overrides from a YAML or JSON file: ``{envNames: {KEY: [ENV, ...]}}`` or the bare map."""
-        try:
-            text = Path(path).read_text()
-        except OSError as e:
-            raise EnvNameConfigError(f"cannot read the env-name mapping {path} (--env-config): {e.strerror}") from e
-        try:
-            data: Any = yaml.safe_load(text) if text.strip() else {}
-        except yaml.YAMLError as e:
-            raise EnvNameConfigError(f"{path}: not valid YAML/JSON: {e}") from e
-        return cls.from_mapping(data, source=str(path))
+        return cls.from_mapping(read_config_file(path), source=str(path))
 
     @classmethod
     def from_mapping(cls, data: Any, *, source: str = "config") -> EnvNames:
         if data is None:
             return cls()
         limits: dict[str, LimitEnvNames] = {}
-        if isinstance(data, Mapping) and ("envNames" in data or "limitEnvNames" in data):
+        if isinstance(data, Mapping) and _SECTIONS.intersection(data):
             limits = _limits(data.get("limitEnvNames") or {}, source)
             data = data.get("envNames") or {}
         if isinstance(data, str):  # a ConfigMap value holding JSON
@@ -175,6 +167,23 @@ class EnvNames:
             except json.JSONDecodeError as e:
                 raise EnvNameConfigError(f"{source}: envNames is not valid JSON: {e}") from e
         return cls(_plain(data, source), limits)
+
+
+# The configuration file's sections; without any of them the file is the bare envNames map. The hand-over's
+# own (CONTRACT §12) are read by deviceshare.api.handovers.
+_SECTIONS = frozenset({"envNames", "limitEnvNames", "handover", "cdiKinds"})
+
+
+def read_config_file(path: str | Path) -> Any:
+    """The operator's configuration file (``--env-config``), YAML or JSON; empty is ``{}``."""
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise EnvNameConfigError(f"cannot read the env-name mapping {path} (--env-config): {e.strerror}") from e
+    try:
+        return yaml.safe_load(text) if text.strip() else {}
+    except yaml.YAMLError as e:
+        raise EnvNameConfigError(f"{path}: not valid YAML/JSON: {e}") from e
 
 
 def _plain(data: Any, source: str) -> dict[str, Any]:

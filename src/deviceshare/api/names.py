@@ -37,12 +37,18 @@ NODE_TOPOLOGY_ANNOTATION: Final = "deviceshare.io/device-topology"
 NODE_HEALTH_ANNOTATION: Final = "deviceshare.io/device-health"
 NODE_MPS_ANNOTATION: Final = "deviceshare.io/mps"
 NODE_MPS_READY: Final = "ready"
+# How a node's container runtime takes devices (CONTRACT §12): "cdi" or "env"; unlabelled nodes follow the
+# operator's --handover.
+NODE_HANDOVER_LABEL: Final = "deviceshare.io/handover"
 
 # Pods
 POD_GROUP_ANNOTATION: Final = "deviceshare.io/device-group"
 POD_GROUP_LABEL: Final = "deviceshare.io/group"
 POD_SELECTED_DEVICES_ANNOTATION: Final = "deviceshare.io/selected-devices"
 POD_ENV_ANNOTATION_PREFIX: Final = "deviceshare.io/env."
+# The annotation NVIDIA's container toolkit NRI plugin reads per container (CONTRACT §12): CDI device names.
+CDI_ANNOTATION_DOMAIN: Final = "nvidia.cdi.k8s.io"
+CDI_CONTAINER_ANNOTATION_PREFIX: Final = f"{CDI_ANNOTATION_DOMAIN}/container."
 # Status of a sharing group: resource -> "<device-id>.<tile>" (CONTRACT §7).
 STATUS_ALLOCATED_TILES: Final = "allocatedTiles"
 

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from deviceshare.api import names
+from deviceshare.cli import handoverview
 from deviceshare.cli import inspect as inspect_cmd
 from deviceshare.operator.config import OperatorConfig
 
@@ -98,6 +99,11 @@ async def demo(args: argparse.Namespace) -> int:
             sandbox.create(doc)
         print(f"sandbox: {args.nodes} nodes x {args.gpus} nvidia.com/gpu ({sandbox.gpu_memory_mib} MiB each) and "
               f"1 node x 2 {INTEL} (2 tiles each) at {sandbox.url}", file=out)
+        # One node takes its devices by CDI (CONTRACT §12), as a GPU Operator >= 25.10 node does; the others by env.
+        cdi_node = f"gpu-node-{args.nodes - 1}"
+        sandbox.patch("nodes", cdi_node, {"metadata": {"labels": {names.NODE_HANDOVER_LABEL: "cdi"}}})
+        print(f"{cdi_node}: {names.NODE_HANDOVER_LABEL}=cdi (devices by CDI annotation; the others by env var)",
+              file=out)
         api = await connecting.api_client(str(sandbox.kubeconfig))
         stack.push_async_callback(api.close)
 
@@ -185,7 +191,7 @@ def _print_groups(sandbox: Sandbox, out: Any) -> None:
 
 
 def _print_pods(sandbox: Sandbox, pods: Sequence[tuple[str, str]], out: Any) -> None:
-    rows = [("NAMESPACE", "POD", "GROUP", "NODE", "PHASE", "ENV THE CONTAINERS SEE")]
+    rows = [("NAMESPACE", "POD", "GROUP", "NODE", "PHASE", "HANDOVER", "ENV THE CONTAINERS SEE")]
     for ns, name in pods:
         pod = sandbox.get("pods", name, ns) or {}
         meta = pod.get("metadata") or {}
@@ -194,7 +200,9 @@ def _print_pods(sandbox: Sandbox, pods: Sequence[tuple[str, str]], out: Any) -> 
         wired = _wired_env(pod)
         shown = [e for e in env if e.split("=", 1)[0] in wired] or ["(not wired)"]
         rows.append((ns, name, ann.get(names.POD_GROUP_ANNOTATION, "-"), (pod.get("spec") or {}).get("nodeName", "-"),
-                     (pod.get("status") or {}).get("phase", "-"), " ".join(shown)))
+                     (pod.get("status") or {}).get("phase", "-"),
+                     handoverview.of_pod(pod).split(" ")[0] if names.POD_SELECTED_DEVICES_ANNOTATION in ann else "-",
+                     " ".join(shown)))
     inspect_cmd.print_table(rows, out)
 
 

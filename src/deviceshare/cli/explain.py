@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from deviceshare.api import names
+from deviceshare.cli import handoverview, linkview
 from deviceshare.cli import inspect as inspect_
-from deviceshare.cli import linkview
 from deviceshare.core import inventory, reasons
 
 if TYPE_CHECKING:
@@ -219,6 +219,8 @@ def explain(facts: Facts) -> list[str]:
         selected = (meta.get("annotations") or {}).get(names.POD_SELECTED_DEVICES_ANNOTATION)
         lines.append(f"Pod {ns}/{name} is bound to node {node} (phase {phase})"
                      + (f", devices {selected}." if selected else "."))
+        if selected:  # CONTRACT §12: how its containers were handed them
+            lines.append(f"Hand-over: {handoverview.of_pod(pod)}.")
     else:
         lines.append(f"Pod {ns}/{name} is NOT bound to a node (phase {phase}).")
     if not group_name:

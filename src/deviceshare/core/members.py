@@ -77,6 +77,7 @@ class ContainerFacts:
     where: str  # "container 'main'" or "init container 'setup'"
     requested: tuple[tuple[str, str], ...]  # (limits|requests, resource) with a '/' in the name
     own_env: frozenset[str]
+    name: str = ""  # the container's name (a CDI hand-over annotates each one by it)
 
 
 def container_facts(spec: Mapping[str, Any]) -> tuple[ContainerFacts, ...]:
@@ -102,7 +103,8 @@ def container_facts(spec: Mapping[str, Any]) -> tuple[ContainerFacts, ...]:
             for e in env if isinstance(env, list) else ():
                 if _is_mapping(e) and ("valueFrom" not in e or not is_injected(e)):
                     own.append(str(e.get("name")))
-            out.append(_interned(f"{kind} {container.get('name')!r}", tuple(requested), frozenset(own)))
+            name = container.get("name")
+            out.append(_interned(f"{kind} {name!r}", tuple(requested), frozenset(own), str(name or "")))
     return tuple(out)
 
 
@@ -112,8 +114,10 @@ def _is_mapping(value: object) -> TypeGuard[Mapping[str, Any]]:
 
 
 @functools.lru_cache(maxsize=4096)  # most pods of a workload look alike: share one object
-def _interned(where: str, requested: tuple[tuple[str, str], ...], own_env: frozenset[str]) -> ContainerFacts:
-    return ContainerFacts(where, requested, own_env)
+def _interned(
+    where: str, requested: tuple[tuple[str, str], ...], own_env: frozenset[str], name: str
+) -> ContainerFacts:
+    return ContainerFacts(where, requested, own_env, name)
 
 
 def conflicts(

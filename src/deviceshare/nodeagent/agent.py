@@ -33,8 +33,14 @@ class Source(Protocol):
 
 
 def mps_ready(pipe_directory: Path) -> bool:
-    """Whether an MPS control daemon listens on ``<pipe directory>/control`` (a stale socket file does not)."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    """Whether an MPS control daemon listens on ``<pipe directory>/control`` (a stale socket file does not).
+
+    Connected to as its clients connect (CONTRACT §12): ``nvidia-cuda-mps-control -d`` listens on a
+    ``SOCK_SEQPACKET`` Unix socket (``lsof`` shows ``control type=SEQPACKET (LISTEN)``; measured on an H200,
+    driver 580: ``/proc/net/unix`` type 0005, and a ``SOCK_STREAM`` connect fails with ``EPROTOTYPE``). The
+    daemon serves one client at a time and waits seconds for a silent one's credentials, so the probe closes
+    at once and says nothing: holding the connection would turn real CUDA clients away meanwhile."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     sock.settimeout(1.0)
     try:
         sock.connect(str(pipe_directory / "control"))

@@ -57,13 +57,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="shares are enforced by NVIDIA MPS: place compute/memory shares of nvidia.com/ devices only on nodes "
         "annotated deviceshare.io/mps=ready (the node agent publishes it while the MPS overlay's daemon runs)",
     )
+    parser.add_argument(
+        "--handover", choices=("env", "cdi"), default=None,
+        help="how members' containers get their devices on nodes without the label deviceshare.io/handover: env "
+        "(NVIDIA_VISIBLE_DEVICES through the downward API) or cdi (the nvidia.cdi.k8s.io/container.<name> "
+        "annotation that the NVIDIA container toolkit's NRI plugin reads); default: the --env-config file's "
+        "'handover', else env",
+    )
+    parser.add_argument(
+        "--cdi-kind", action="append", default=[], metavar="RESOURCE=KIND",
+        help="the CDI kind that names a resource's devices (repeatable; default nvidia.com/gpu=nvidia.com/gpu; "
+        "also 'cdiKinds' in the --env-config file); a resource with none keeps the env hand-over",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
 
 
 def config_from_args(args: argparse.Namespace) -> OperatorConfig:
-    from deviceshare.api import envnames
+    from deviceshare.api import envnames, handovers
 
     env_names = envnames.EnvNames.from_file(args.env_config) if args.env_config else envnames.EnvNames()
+    from_file = handovers.Handovers.from_file(args.env_config) if args.env_config else handovers.Handovers()
     return OperatorConfig.from_env(
         env_names=env_names,
         kubeconfig=args.kubeconfig,
@@ -76,6 +89,7 @@ def config_from_args(args: argparse.Namespace) -> OperatorConfig:
         retry_period=args.leader_elect_retry_period,
         workers=args.workers,
         mps=args.mps,
+        handovers=from_file.with_overrides(args.handover, args.cdi_kind),
     )
 
 

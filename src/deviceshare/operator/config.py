@@ -6,7 +6,7 @@ import dataclasses
 import os
 from collections.abc import Mapping
 
-from deviceshare.api import envnames, names
+from deviceshare.api import envnames, handovers, names
 from deviceshare.errors import ConfigError
 
 
@@ -59,6 +59,8 @@ class OperatorConfig:
     # Shares are enforced by MPS (--mps): a compute or memory share of an NVIDIA device goes only to a node
     # that says deviceshare.io/mps: ready (CONTRACT §9; the node agent publishes it).
     mps: bool = False
+    # How members' containers get their devices, per node (CONTRACT §12): --handover, --cdi-kind, the file.
+    handovers: handovers.Handovers = dataclasses.field(default_factory=handovers.Handovers)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> OperatorConfig:

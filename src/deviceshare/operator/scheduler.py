@@ -197,6 +197,9 @@ class PodScheduler:
         ctx = self.ctx
         node = ctx.ledger.node(allocation.node)
         annotations = statuses.allocation_annotations(allocation, ctx.config.env_names, node)
+        # The node's hand-over (CONTRACT §12) adds what its container runtime reads, in the same Binding.
+        handover = ctx.config.handovers.for_node(node.labels if node else None)
+        annotations.update(handover.pod_annotations(allocation.devices, [c.name for c in pod.containers]))
         # Written ahead: should the Binding land unseen (its answer lost), the pod is still our member, so its
         # group never releases the devices under it.
         ctx.state.record_binding(pod.key, pod.uid, group.name)

@@ -11,23 +11,23 @@ names a tainted node in ``spec.nodeName`` and so skips every scheduler.
 Like the real kubelet, it resolves each container's env when the container starts, downward-API
 ``fieldRef`` entries included (``metadata.annotations['...']``): what it resolved is kept in
 :attr:`Kubelet.started_env`, so a test can read the values a container saw (annotations written after
-the start are not among them, as on a real node).
+the start are not among them, as on a real node). The devices each container is given are decided as the
+node's NVIDIA container toolkit would (:mod:`containerstart`: by CDI annotation on ``cdi`` nodes, by
+``NVIDIA_VISIBLE_DEVICES`` on the others) and kept in :attr:`Kubelet.started_devices`; a container whose CDI
+devices the node lacks is not created (``CreateContainerError`` and a ``Failed`` event), as on a real node.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from deviceshare.api import names
-from deviceshare.sandbox import store
+from deviceshare.sandbox import containerstart, recording, store
 
 KUBELET_VERSION = "v1.32.0-sandbox"
-_ANNOTATION_PATH = re.compile(r"^metadata\.annotations\['(.+)'\]$")
-_LABEL_PATH = re.compile(r"^metadata\.labels\['(.+)'\]$")
 
 
 def node(
@@ -117,6 +117,8 @@ class Kubelet:
         self._nodes = objects.catalog.lookup("nodes")
         # (namespace, pod) -> container -> env name -> value, as resolved when the pod started.
         self.started_env: dict[tuple[str, str], dict[str, dict[str, str]]] = {}
+        # (namespace, pod) -> container -> the CDI names of the devices it was given (containerstart).
+        self.started_devices: dict[tuple[str, str], dict[str, tuple[str, ...]]] = {}
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -208,8 +210,35 @@ class Kubelet:
             return
         spec = pod.get("spec", {})
         containers = [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]
-        self.started_env[key] = {str(c.get("name")): container_env(pod, c) for c in containers}
+        env = {str(c.get("name")): containerstart.container_env(pod, c) for c in containers}
+        devices: dict[str, tuple[str, ...]] = {}
+        for c in containers:
+            name = str(c.get("name"))
+            try:
+                devices[name] = containerstart.devices_for(pod, name, env[name], host)
+            except containerstart.Unresolvable as e:  # CreateContainer fails: the pod stays Pending
+                self._not_created(pod, name, str(e), init=c in (spec.get("initContainers") or []))
+                return
+        self.started_env[key] = env
+        self.started_devices[key] = devices
         self.store.write_status(self._pods, key[0], key[1], _running)
+
+    def _not_created(self, pod: Mapping[str, Any], container: str, why: str, *, init: bool) -> None:
+        """What the kubelet shows when the runtime refuses to create a container: the container waits with
+        ``CreateContainerError`` and a Warning event ``Failed`` says why (its retries are not modelled)."""
+        message = f"failed to create containerd container: {why}"
+        field = "initContainerStatuses" if init else "containerStatuses"
+
+        def waiting(p: dict[str, Any]) -> None:
+            p.setdefault("status", {})[field] = [{
+                "name": container, "ready": False, "started": False, "restartCount": 0,
+                "state": {"waiting": {"reason": "CreateContainerError", "message": message}},
+            }]
+
+        md = store.meta(pod)
+        self.store.write_status(self._pods, md.get("namespace"), md["name"], waiting)
+        recording.warn(self.store, pod, api_version="v1", kind="Pod", reason="Failed", message=f"Error: {message}",
+                       component="kubelet")
 
     def complete(self, namespace: str, name: str, phase: str = "Succeeded") -> dict[str, Any]:
         def finished(pod: dict[str, Any]) -> None:
@@ -232,35 +261,6 @@ class Kubelet:
             store.set_condition(pod, "ContainersReady", "False", "PodCompleted")
 
         return self.store.write_status(self._pods, namespace, name, finished)
-
-
-def container_env(pod: Mapping[str, Any], container: Mapping[str, Any]) -> dict[str, str]:
-    """The env a container starts with: literal values and the downward-API fields the kubelet resolves.
-
-    A ``fieldRef`` to an annotation or label that is absent resolves to ``""``, as the kubelet does.
-    Entries from ConfigMaps/Secrets (which the sandbox does not model) are left out.
-    """
-    meta = pod.get("metadata") or {}
-    spec = pod.get("spec") or {}
-    env: dict[str, str] = {}
-    for entry in container.get("env") or []:
-        name = str(entry.get("name"))
-        if "value" in entry or "valueFrom" not in entry:
-            env[name] = str(entry.get("value", ""))
-            continue
-        path = ((entry.get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath")
-        if path is None:
-            continue
-        annotation, label = _ANNOTATION_PATH.match(path), _LABEL_PATH.match(path)
-        if annotation:
-            env[name] = str((meta.get("annotations") or {}).get(annotation.group(1), ""))
-        elif label:
-            env[name] = str((meta.get("labels") or {}).get(label.group(1), ""))
-        elif path in ("metadata.name", "metadata.namespace", "metadata.uid"):
-            env[name] = str(meta.get(path.split(".", 1)[1], ""))
-        elif path == "spec.nodeName":
-            env[name] = str(spec.get("nodeName", ""))
-    return env
 
 
 def _tolerates(toleration: Mapping[str, Any], taint: Mapping[str, Any]) -> bool:

@@ -215,9 +215,11 @@ class FakeApi(storage.ClusterApi):
         return True
 
 
-def node(name: str, gpus: int = 2, *, ready: bool = True) -> inventory.NodeInfo:
+def node(
+    name: str, gpus: int = 2, *, ready: bool = True, labels: Mapping[str, str] | None = None
+) -> inventory.NodeInfo:
     return inventory.node_from_object({
-        "metadata": {"name": name, "labels": {names.NODE_MODE_LABEL: names.NODE_MODE_SHARED}},
+        "metadata": {"name": name, "labels": {names.NODE_MODE_LABEL: names.NODE_MODE_SHARED, **(labels or {})}},
         "status": {"allocatable": {GPU: str(gpus), "cpu": "8", "memory": "16Gi"},
                    "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]},
     })
