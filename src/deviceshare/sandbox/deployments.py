@@ -15,11 +15,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
-import hashlib
 from collections.abc import Mapping
 from typing import Any
 
-from deviceshare.sandbox import admission, errors, fieldshapes, managedfields, patches, store
+from deviceshare.sandbox import admission, errors, events, fieldshapes, managedfields, patches, store
 
 DeploymentKey = tuple[str, str]
 
@@ -44,7 +43,6 @@ class DeploymentController:
         self.admission = webhooks
         self._deployments = objects.catalog.lookup("deployments")
         self._pods = objects.catalog.lookup("pods")
-        self._events = objects.catalog.lookup("events")
         self._dirty: set[DeploymentKey] = set()  # changed since their last pass
         self._running: set[DeploymentKey] = set()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -173,27 +171,7 @@ class DeploymentController:
 
     def _record(self, obj: Mapping[str, Any], reason: str, message: str) -> None:
         """A Warning event on ``obj``; the same one again bumps ``count`` and ``lastTimestamp``."""
-        md = store.meta(obj)
-        ns = md.get("namespace", "default")
-        digest = hashlib.sha1(f"{md.get('uid')}/{reason}/{message}".encode()).hexdigest()[:16]
-        event_name = f"{md['name']}.{digest}"
-        now = store.now()
-        try:
-            existing = self.store.get(self._events, ns, event_name)
-        except errors.ApiError:
-            existing = None
-        if existing is not None:
-            self.store.patch(self._events, ns, event_name, patches.MERGE,
-                             {"count": int(existing.get("count") or 1) + 1, "lastTimestamp": now})
-            return
-        self.store.create(self._events, ns, {
-            "apiVersion": "v1", "kind": "Event",
-            "metadata": {"name": event_name, "namespace": ns},
-            "involvedObject": {"apiVersion": "apps/v1", "kind": "Deployment", "namespace": ns,
-                               "name": md["name"], "uid": md.get("uid")},
-            "reason": reason, "message": message, "type": "Warning", "count": 1,
-            "firstTimestamp": now, "lastTimestamp": now, "source": {"component": "replicaset-controller"},
-        })
+        events.record(self.store, obj, reason, message, component="replicaset-controller")
 
 
 # -- the scale subresource --------------------------------------------------------------------------

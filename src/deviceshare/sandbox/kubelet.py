@@ -8,6 +8,10 @@ real kubelet's admission does, a pod that does not tolerate one of the node's ``
 is rejected instead (phase ``Failed``, reason ``UntoleratedTaint``): that is what stops a pod that
 names a tainted node in ``spec.nodeName`` and so skips every scheduler.
 
+A pod with ``spec.resourceClaims`` starts only once each claim is allocated for its node and reserved for it
+(``draprepare.py``); until then it stays Pending with a ``FailedPrepareDynamicResources`` event, and is tried
+again when a claim or a slice changes. The CDI devices its containers got are kept in :attr:`Kubelet.started_cdi`.
+
 Like the real kubelet, it resolves each container's env when the container starts, downward-API
 ``fieldRef`` entries included (``metadata.annotations['...']``): what it resolved is kept in
 :attr:`Kubelet.started_env`, so a test can read the values a container saw (annotations written after
@@ -23,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from deviceshare.api import names
-from deviceshare.sandbox import store
+from deviceshare.sandbox import dradriver, draprepare, events, store
 
 KUBELET_VERSION = "v1.32.0-sandbox"
 _ANNOTATION_PATH = re.compile(r"^metadata\.annotations\['(.+)'\]$")
@@ -117,6 +121,11 @@ class Kubelet:
         self._nodes = objects.catalog.lookup("nodes")
         # (namespace, pod) -> container -> env name -> value, as resolved when the pod started.
         self.started_env: dict[tuple[str, str], dict[str, dict[str, str]]] = {}
+        # (namespace, pod) -> container -> the CDI devices its DRA claims gave it when the pod started.
+        self.started_cdi: dict[tuple[str, str], dict[str, list[str]]] = {}
+        self.gpu_driver: dradriver.GpuDriver | None = None  # the DRA driver's plugin on the GPU nodes, if any
+        self._claims_pending: dict[tuple[str, str], dict[str, Any]] = {}  # pods waiting for their claims
+        self._claim_keys = {objects.catalog.lookup(p).key for p in ("resourceclaims", "resourceslices")}
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -132,7 +141,13 @@ class Kubelet:
         self._timers.clear()
 
     def _on_event(self, event: store.WatchEvent) -> None:
-        if event.key == self._pods.key and event.type != "DELETED":
+        if event.key in self._claim_keys:  # a claim reserved or a driver's slice published: try again
+            for pod in list(self._claims_pending.values()):
+                self._consider(pod)
+        elif event.key == self._pods.key and event.type == "DELETED":
+            md = store.meta(event.obj)
+            self._claims_pending.pop((md.get("namespace", ""), md["name"]), None)
+        elif event.key == self._pods.key:
             if store.meta(event.obj).get("deletionTimestamp"):
                 self._stopping(event.obj)
             else:
@@ -208,8 +223,27 @@ class Kubelet:
             return
         spec = pod.get("spec", {})
         containers = [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]
+        if spec.get("resourceClaims"):
+            try:
+                prepared = draprepare.prepare(self.store, pod, host, self._plugins(host))
+            except draprepare.PrepareError as e:  # as the kubelet's syncPod: an event, and a retry later
+                self._claims_pending[key] = pod
+                message = f"Failed to prepare dynamic resources: prepare dynamic resources: {e}"
+                events.record(self.store, pod, draprepare.FAILED, message, component="kubelet")
+                return
+            self._claims_pending.pop(key, None)
+            self.started_cdi[key] = {str(c.get("name")): draprepare.container_devices(c, prepared) for c in containers}
         self.started_env[key] = {str(c.get("name")): container_env(pod, c) for c in containers}
         self.store.write_status(self._pods, key[0], key[1], _running)
+
+    def _plugins(self, host: Mapping[str, Any]) -> dict[str, set[str]]:
+        """The DRA kubelet plugins registered on ``host``: driver -> the devices of its slices there."""
+        if self.gpu_driver is None:
+            return {}
+        slices = self.gpu_driver.slices_of(store.meta(host)["name"])
+        if not slices:
+            return {}
+        return {dradriver.DRIVER: {str(d.get("name")) for s in slices for d in s["spec"].get("devices") or []}}
 
     def complete(self, namespace: str, name: str, phase: str = "Succeeded") -> dict[str, Any]:
         def finished(pod: dict[str, Any]) -> None:

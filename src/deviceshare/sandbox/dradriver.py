@@ -1,0 +1,176 @@
+"""A simulated DRA driver, ``gpu.nvidia.com``: the DeviceClass, one ResourceSlice per GPU node, and what its
+kubelet plugin answers to ``NodePrepareResources`` (the CDI devices a container gets).
+
+Modelled on NVIDIA/k8s-dra-driver-gpu (2026, cmd/gpu-kubelet-plugin):
+
+- deployments/helm/.../deviceclass-gpu.yaml: the DeviceClass ``gpu.nvidia.com`` selects
+  ``device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'`` and, on
+  ``resource.k8s.io/v1``, names ``extendedResourceName: nvidia.com/gpu``.
+- deviceinfo.go: a full GPU is the device ``gpu-<minor>`` with the attributes ``type`` ("gpu"), ``uuid``,
+  ``productName``, ``brand``, ``architecture`` (strings) and ``cudaComputeCapability``, ``driverVersion``,
+  ``cudaDriverVersion`` (versions); partitions.go: its capacity ``memory`` in bytes (BinarySI). The driver
+  publishes no ``index`` attribute: the minor is in the device name.
+- The kubelet-plugin helper (k8s.io/dynamic-resource-allocation/kubeletplugin) publishes the node's devices in
+  one pool named after the node, in a slice owned by the Node (so it goes with it) and named
+  ``<node>-<driver>-<random>``.
+- cdi.go: a prepared device is handed over as the CDI device ``k8s.gpu.nvidia.com/claim=<claim uid>-gpu-<minor>``;
+  device_state.go: a result for a device this node does not have fails the prepare with
+  ``allocatable not found for device "<name>"``, an unallocated claim with ``claim not yet allocated``. The real
+  plugin looks a result up by device name among its own devices; as every node has a ``gpu-0``, the sandbox also
+  requires the result's pool to be this node's, so a result meant for another node fails the same way.
+
+``shared=True`` publishes each GPU with ``allowMultipleAllocations`` (consumable capacity, KEP-5075), its memory
+requestable in steps of 1Gi, as kubernetes-sigs/dra-example-driver does with ``gpuAllowMultipleAllocations``
+(internal/profiles/gpu/gpu.go); NVIDIA's driver has no such mode. A shared result's CDI device name then ends
+in ``-<shareID>`` (the example driver's GetCDIDeviceID).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from deviceshare.sandbox import catalog, dra, store
+
+DRIVER = "gpu.nvidia.com"
+DEVICE_CLASS = "gpu.nvidia.com"
+CDI_VENDOR, CDI_CLASS = f"k8s.{DRIVER}", "claim"
+NODE_RESOURCE = "nvidia.com/gpu"  # a node with this capacity runs the driver's kubelet plugin here
+PRODUCT_NAME = "NVIDIA H100 80GB HBM3"
+
+
+def device_class() -> dict[str, Any]:
+    return {
+        "apiVersion": dra.API_VERSION,
+        "kind": "DeviceClass",
+        "metadata": {"name": DEVICE_CLASS},
+        "spec": {
+            "selectors": [{"cel": {"expression": f"device.driver == '{DRIVER}' && "
+                                                 f"device.attributes['{DRIVER}'].type == 'gpu'"}}],
+            "extendedResourceName": NODE_RESOURCE,
+        },
+    }
+
+
+def gpu_uuid(node_name: str, minor: int) -> str:
+    """A stable ``GPU-...`` UUID per node and minor, as nvidia-smi shows one."""
+    return f"GPU-{uuid.uuid5(uuid.NAMESPACE_DNS, f'{minor}.{node_name}.sandbox')}"
+
+
+def _memory(mib: int) -> str:
+    return f"{mib // 1024}Gi" if mib % 1024 == 0 else f"{mib}Mi"
+
+
+def gpu_device(node_name: str, minor: int, memory_mib: int, *, shared: bool) -> dict[str, Any]:
+    memory: dict[str, Any] = {"value": _memory(memory_mib)}
+    if shared:
+        memory["requestPolicy"] = {"default": memory["value"],
+                                   "validRange": {"min": "1Gi", "step": "1Gi", "max": memory["value"]}}
+    device: dict[str, Any] = {
+        "name": f"gpu-{minor}",
+        "attributes": {
+            "type": {"string": "gpu"},
+            "uuid": {"string": gpu_uuid(node_name, minor)},
+            "productName": {"string": PRODUCT_NAME},
+            "brand": {"string": "Nvidia"},
+            "architecture": {"string": "Hopper"},
+            "cudaComputeCapability": {"version": "9.0.0"},
+            "driverVersion": {"version": "580.95.5"},
+            "cudaDriverVersion": {"version": "13.0.0"},
+        },
+        "capacity": {"memory": memory},
+    }
+    if shared:
+        device["allowMultipleAllocations"] = True
+    return device
+
+
+def gpu_count(node: Mapping[str, Any]) -> int:
+    raw = dra.mapping(dra.mapping(node.get("status")).get("capacity")).get(NODE_RESOURCE, 0)
+    try:
+        return int(raw)
+    except (TypeError, ValueError):
+        return 0
+
+
+class GpuDriver:
+    """Publishes the DeviceClass and a slice for every node with GPUs (added later too); the slice goes with
+    its node. Off unless ``Sandbox(dra=True)``."""
+
+    def __init__(self, objects: store.ObjectStore, *, memory_mib: int, shared: bool = False) -> None:
+        self.store = objects
+        self.memory_mib = memory_mib
+        self.shared = shared
+        self._nodes = objects.catalog.lookup("nodes")
+        self._slices = objects.catalog.lookup("resourceslices")
+        self._classes = objects.catalog.lookup("deviceclasses")
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        if not self._exists(self._classes, DEVICE_CLASS):
+            self.store.create(self._classes, None, device_class())
+        for node in self.store.list_objects(self._nodes)[0]:
+            self.publish(node)
+        self.store.listeners.append(self._on_event)
+
+    def stop(self) -> None:
+        if self._on_event in self.store.listeners:
+            self.store.listeners.remove(self._on_event)
+
+    def _on_event(self, event: store.WatchEvent) -> None:
+        # A node's GPUs appear with its status (after its creation): publish then, outside the write.
+        if event.key == self._nodes.key and event.type != "DELETED" and self._loop is not None:
+            self._loop.call_soon(self.publish, event.obj)
+
+    def _exists(self, rtype: catalog.ResourceType, name: str) -> bool:
+        return ("", name) in self.store.keys(rtype, None)
+
+    def slices_of(self, node_name: str) -> list[dict[str, Any]]:
+        found, _ = self.store.list_objects(self._slices, copied=False)
+        return [s for s in found
+                if dra.mapping(s.get("spec")).get("nodeName") == node_name and s["spec"].get("driver") == DRIVER]
+
+    def publish(self, node: Mapping[str, Any]) -> None:
+        """The node's slice, unless it has one already or no GPUs (or is gone)."""
+        md = store.meta(node)
+        count = gpu_count(node)
+        if not count or self.slices_of(md["name"]) or not self._exists(self._nodes, md["name"]):
+            return
+        self.store.create(self._slices, None, {
+            "apiVersion": dra.API_VERSION,
+            "kind": "ResourceSlice",
+            "metadata": {
+                "generateName": f"{md['name']}-{DRIVER}-",
+                "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": md["name"], "uid": md.get("uid"),
+                                     "controller": True}],
+            },
+            "spec": {
+                "driver": DRIVER,
+                "nodeName": md["name"],
+                "pool": {"name": md["name"], "generation": 1, "resourceSliceCount": 1},
+                "devices": [gpu_device(md["name"], minor, self.memory_mib, shared=self.shared)
+                            for minor in range(count)],
+            },
+        })
+
+
+def prepare(claim: Mapping[str, Any], node_name: str, node_devices: set[str]) -> list[str]:
+    """NodePrepareResources for one claim on ``node_name``: the CDI device IDs of this driver's results, or
+    ValueError with the driver's message. ``node_devices`` are the devices this node's plugin has."""
+    allocation = dra.mapping(claim.get("status")).get("allocation")
+    if allocation is None:
+        raise ValueError("claim not yet allocated")
+    claim_uid = store.meta(claim).get("uid")
+    ids: list[str] = []
+    for result in dra.listed(dra.mapping(dra.mapping(allocation).get("devices")).get("results")):
+        result = dra.mapping(result)
+        if result.get("driver") != DRIVER:
+            continue  # another driver's device: its own plugin prepares it
+        if result.get("pool") != node_name or result.get("device") not in node_devices:
+            raise ValueError(f'allocatable not found for device "{result.get("device")}"')
+        name = str(result["device"]) + (f"-{result['shareID']}" if result.get("shareID") else "")
+        ids.append(f"{CDI_VENDOR}/{CDI_CLASS}={claim_uid}-{name}")
+    return ids

@@ -1,0 +1,139 @@
+"""The sandbox's kubelet and pods with DRA claims: a pod starts only when each claim is allocated for its node
+and reserved for it, and its containers get the CDI devices the driver prepared; otherwise it stays Pending with
+the kubelet's ``FailedPrepareDynamicResources`` event, and starts once the claim is put right."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from deviceshare.sandbox import Sandbox
+from tests.sandbox.dra_objects import MERGE, allocation, claim
+from tests.sandbox.helpers import pod
+from tests.waiting import until
+
+
+@pytest.fixture
+async def dra(tmp_path: Path) -> AsyncIterator[Sandbox]:
+    async with Sandbox(nodes=2, gpus=4, dra=True, kubelet_delay=0.01, kubeconfig_path=tmp_path / "kc") as running:
+        yield running
+
+
+def _member(name: str, claim_name: str = "group-devices") -> dict[str, Any]:
+    """A pod as the webhook wires a group's member: the claim in the pod, every container naming it but one."""
+    body = pod(name, resourceClaims=[{"name": "deviceshare", "resourceClaimName": claim_name}])
+    body["spec"]["initContainers"] = [{"name": "init", "image": "busybox", "resources": {
+        "claims": [{"name": "deviceshare"}]}}]
+    body["spec"]["containers"][0]["resources"] = {"claims": [{"name": "deviceshare"}]}
+    body["spec"]["containers"].append({"name": "sidecar", "image": "busybox"})
+    return body
+
+
+def _allocate(sandbox: Sandbox, node: str, *devices: str, reserve: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The claim allocated on ``node`` (a scheduler's write), reserved for the pods named in ``reserve``."""
+    uids = {p: (sandbox.get("pods", p, "default") or {})["metadata"]["uid"] for p in reserve}
+    reserved = [{"resource": "pods", "name": p, "uid": u} for p, u in uids.items()]
+    status: dict[str, Any] = {"allocation": allocation(node, *devices), "reservedFor": reserved or None}
+    return sandbox.patch("resourceclaims", "group-devices", {"status": status}, "default", subresource="status")
+
+
+def _phase(sandbox: Sandbox, name: str) -> str:
+    return str((sandbox.get("pods", name, "default") or {}).get("status", {}).get("phase"))
+
+
+async def _failure(sandbox: Sandbox, pod_name: str, needle: str) -> dict[str, Any]:
+    def found() -> list[dict[str, Any]]:
+        return [e for e in sandbox.list("events", "default", field_selector=f"involvedObject.name={pod_name}")
+                if e["reason"] == "FailedPrepareDynamicResources" and needle in e["message"]]
+
+    (event,) = await until(found, f"a FailedPrepareDynamicResources event saying {needle!r}")
+    assert event["type"] == "Warning" and event["source"] == {"component": "kubelet"}
+    assert event["message"].startswith("Failed to prepare dynamic resources: prepare dynamic resources: ")
+    assert _phase(sandbox, pod_name) == "Pending"
+    return event
+
+
+async def test_a_reserved_claim_allocated_on_the_node_starts_the_pod_with_its_cdi_devices(dra: Sandbox) -> None:
+    created = dra.create(claim(count=2))
+    dra.create(_member("m-0"))
+    dra.create(_member("m-1"))
+    _allocate(dra, "gpu-node-1", "gpu-1", "gpu-3", reserve=("m-0", "m-1"))
+    for name in ("m-0", "m-1"):
+        dra.bind("default", name, "gpu-node-1")
+    await until(lambda: _phase(dra, "m-0") == "Running" and _phase(dra, "m-1") == "Running", "both members running")
+    assert dra.kubelet is not None
+    prefix = f"k8s.gpu.nvidia.com/claim={created['metadata']['uid']}"
+    assert dra.kubelet.started_cdi[("default", "m-0")] == {
+        "init": [f"{prefix}-gpu-1", f"{prefix}-gpu-3"],
+        "main": [f"{prefix}-gpu-1", f"{prefix}-gpu-3"],
+        "sidecar": [],  # names no claim: gets no device
+    }
+    assert dra.list("events", "default", field_selector="reason=FailedPrepareDynamicResources") == []
+
+
+async def test_an_unreserved_pod_waits_and_starts_once_reserved(dra: Sandbox) -> None:
+    created = dra.create(claim())
+    member = dra.create(_member("m-0"))
+    _allocate(dra, "gpu-node-0", "gpu-0")
+    dra.bind("default", "m-0", "gpu-node-0")
+    event = await _failure(dra, "m-0", "is not allowed to use ResourceClaim")
+    assert event["message"].endswith(f"pod m-0 ({member['metadata']['uid']}) is not allowed to use ResourceClaim "
+                                     f"group-devices ({created['metadata']['uid']})")
+    uid = member["metadata"]["uid"]
+    dra.patch("resourceclaims", "group-devices", {"status": {"reservedFor": [
+        {"resource": "pods", "name": "m-0", "uid": uid}]}}, "default", subresource="status", content_type=MERGE)
+    await until(lambda: _phase(dra, "m-0") == "Running", "the member running once reserved")
+
+
+async def test_a_missing_claim_waits_until_it_exists(dra: Sandbox) -> None:
+    dra.create(_member("m-0"))
+    dra.bind("default", "m-0", "gpu-node-0")
+    await _failure(dra, "m-0", 'fetch ResourceClaim group-devices: resourceclaims.resource.k8s.io "group-devices" '
+                               "not found")
+    dra.create(claim())
+    _allocate(dra, "gpu-node-0", "gpu-2", reserve=("m-0",))
+    await until(lambda: _phase(dra, "m-0") == "Running", "the member running once its claim exists")
+
+
+@pytest.mark.parametrize(
+    ("allocated_on", "device", "needle"),
+    [
+        ("gpu-node-1", "gpu-0", "ResourceClaim group-devices is allocated for other nodes: "
+                                'status.allocation.nodeSelector does not match node "gpu-node-0"'),
+        ("gpu-node-0", "gpu-9", "NodePrepareResources failed for ResourceClaim group-devices: prepare devices "
+                                'failed: allocatable not found for device "gpu-9"'),  # the node has gpu-0..gpu-3
+    ],
+)
+async def test_a_claim_allocated_elsewhere_never_starts_the_pod(
+    dra: Sandbox, allocated_on: str, device: str, needle: str
+) -> None:
+    dra.create(claim())
+    dra.create(_member("m-0"))
+    _allocate(dra, allocated_on, device, reserve=("m-0",))
+    dra.bind("default", "m-0", "gpu-node-0")
+    await _failure(dra, "m-0", needle)
+
+
+async def test_without_the_driver_on_the_node_the_claim_cannot_be_prepared(sandbox: Sandbox) -> None:
+    sandbox.create(claim())
+    sandbox.create(_member("m-0"))
+    _allocate(sandbox, "gpu-node-0", "gpu-0", reserve=("m-0",))
+    sandbox.bind("default", "m-0", "gpu-node-0")
+    await _failure(sandbox, "m-0", "DRA driver gpu.nvidia.com is not registered")
+
+
+async def test_a_claim_from_a_template_not_created_yet(dra: Sandbox) -> None:
+    body = pod("m-0", resourceClaims=[{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}])
+    dra.create(body)
+    dra.bind("default", "m-0", "gpu-node-0")
+    await _failure(dra, "m-0", 'pod "default/m-0": ResourceClaim not created yet')
+
+
+async def test_a_pod_without_claims_starts_as_before(dra: Sandbox) -> None:
+    dra.create(pod("plain"))
+    dra.bind("default", "plain", "gpu-node-0")
+    await until(lambda: _phase(dra, "plain") == "Running", "a pod without claims running")
+    assert dra.kubelet is not None and ("default", "plain") not in dra.kubelet.started_cdi
