@@ -103,8 +103,8 @@ async def test_a_missing_claim_waits_until_it_exists(dra: Sandbox) -> None:
     [
         ("gpu-node-1", "gpu-0", "ResourceClaim group-devices is allocated for other nodes: "
                                 'status.allocation.nodeSelector does not match node "gpu-node-0"'),
-        ("gpu-node-0", "gpu-9", "NodePrepareResources failed for ResourceClaim group-devices: prepare devices "
-                                'failed: allocatable not found for device "gpu-9"'),  # the node has gpu-0..gpu-3
+        ("gpu-node-0", "gpu-9", "NodePrepareResources failed for ResourceClaim group-devices: error preparing "
+                                "devices for claim default/group-devices:"),  # the node has gpu-0..gpu-3
     ],
 )
 async def test_a_claim_allocated_elsewhere_never_starts_the_pod(
@@ -114,7 +114,9 @@ async def test_a_claim_allocated_elsewhere_never_starts_the_pod(
     dra.create(_member("m-0"))
     _allocate(dra, allocated_on, device, reserve=("m-0",))
     dra.bind("default", "m-0", "gpu-node-0")
-    await _failure(dra, "m-0", needle)
+    event = await _failure(dra, "m-0", needle)
+    if device == "gpu-9":
+        assert event["message"].endswith('prepare devices failed: allocatable not found for device "gpu-9"')
 
 
 async def test_without_the_driver_on_the_node_the_claim_cannot_be_prepared(sandbox: Sandbox) -> None:
@@ -125,11 +127,14 @@ async def test_without_the_driver_on_the_node_the_claim_cannot_be_prepared(sandb
     await _failure(sandbox, "m-0", "DRA driver gpu.nvidia.com is not registered")
 
 
-async def test_a_claim_from_a_template_not_created_yet(dra: Sandbox) -> None:
-    body = pod("m-0", resourceClaims=[{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}])
-    dra.create(body)
+async def test_a_claim_from_a_template_not_created_yet_or_not_the_pods(dra: Sandbox) -> None:
+    dra.create(pod("m-0", resourceClaims=[{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}]))
     dra.bind("default", "m-0", "gpu-node-0")
     await _failure(dra, "m-0", 'pod "default/m-0": ResourceClaim not created yet')
+    dra.create(claim("m-0-gpu"))  # made from the template, but not owned by the pod
+    dra.patch("pods", "m-0", {"status": {"resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": "m-0-gpu"}]}},
+              "default", subresource="status")
+    await _failure(dra, "m-0", "ResourceClaim default/m-0-gpu was not created for pod default/m-0 (pod is not owner)")
 
 
 async def test_a_pod_without_claims_starts_as_before(dra: Sandbox) -> None:

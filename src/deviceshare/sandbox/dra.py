@@ -59,7 +59,8 @@ _T = TypeVar("_T")
 
 
 def quoted(value: Any) -> str:
-    """A bad value as ``field.Error`` prints it: strings quoted, numbers and booleans bare, nil as null."""
+    """A bad value as ``field.Error`` prints it: strings quoted, numbers and booleans bare, nil as null; an object
+    as ``"object"`` (kube-apiserver prints the Go value there, e.g. ``resource.ResourceClaimSpec{...}``)."""
     if value is None:
         return "null"
     if isinstance(value, str):

@@ -159,18 +159,22 @@ class GpuDriver:
 
 def prepare(claim: Mapping[str, Any], node_name: str, node_devices: set[str]) -> list[str]:
     """NodePrepareResources for one claim on ``node_name``: the CDI device IDs of this driver's results, or
-    ValueError with the driver's message. ``node_devices`` are the devices this node's plugin has."""
+    ValueError with the driver's message (driver.go wraps device_state.go's ``prepare devices failed: ...`` in
+    ``error preparing devices for claim <ns>/<name>:<uid>: ...``). ``node_devices``: the devices of this node."""
+    md = store.meta(claim)
+    claim_uid = md.get("uid")
+    claim_ref = f"{md.get('namespace')}/{md.get('name')}:{claim_uid}"  # ResourceClaimToString
+    failed = f"error preparing devices for claim {claim_ref}: prepare devices failed"
     allocation = dra.mapping(claim.get("status")).get("allocation")
     if allocation is None:
-        raise ValueError("claim not yet allocated")
-    claim_uid = store.meta(claim).get("uid")
+        raise ValueError(f"{failed}: claim not yet allocated")
     ids: list[str] = []
     for result in dra.listed(dra.mapping(dra.mapping(allocation).get("devices")).get("results")):
         result = dra.mapping(result)
         if result.get("driver") != DRIVER:
             continue  # another driver's device: its own plugin prepares it
         if result.get("pool") != node_name or result.get("device") not in node_devices:
-            raise ValueError(f'allocatable not found for device "{result.get("device")}"')
+            raise ValueError(f'{failed}: allocatable not found for device "{result.get("device")}"')
         name = str(result["device"]) + (f"-{result['shareID']}" if result.get("shareID") else "")
         ids.append(f"{CDI_VENDOR}/{CDI_CLASS}={claim_uid}-{name}")
     return ids

@@ -5,13 +5,15 @@ Read from kubernetes/kubernetes (2026), pkg/kubelet/cm/dra/manager.go ``PrepareR
 and pkg/kubelet/kubelet.go, which records the failure as a Warning event ``FailedPrepareDynamicResources``,
 ``Failed to prepare dynamic resources: <error>``, and retries (the pod stays Pending). The errors, in order:
 
-- a claim from a template that the pod's ``status.resourceClaimStatuses`` does not name yet:
-  ``pod "<ns>/<pod>": ResourceClaim not created yet``; one that the pod does not own:
-  ``ResourceClaim <ns>/<claim> was not created for Pod <ns>/<pod> (Pod is not owner)``;
+- (staging/src/k8s.io/dynamic-resource-allocation/resourceclaim) a claim from a template that the pod's
+  ``status.resourceClaimStatuses`` does not name yet: ``pod "<ns>/<pod>": ResourceClaim not created yet``; one
+  that the pod does not control: ``ResourceClaim <ns>/<claim> was not created for pod <ns>/<pod> (pod is not
+  owner)``; a pod claim naming neither: ``pod "<ns>/<pod>", spec.resourceClaim "<name>": none of the supported
+  fields are set``;
 - ``fetch ResourceClaim <claim>: resourceclaims.resource.k8s.io "<claim>" not found``;
 - ``pod <pod> (<uid>) is not allowed to use ResourceClaim <claim> (<uid>)``: the pod is not in ``reservedFor``;
 - ``DRA driver <driver> is not registered``: no plugin of a result's driver on this node;
-- ``NodePrepareResources failed for ResourceClaim <claim>: <the driver's error>`` (dradriver.prepare).
+- ``NodePrepareResources failed for ResourceClaim <claim>: <the driver's error>`` (dradriver.prepare's words).
 
 One check is the sandbox's own: a claim whose ``status.allocation.nodeSelector`` does not match the node fails
 with ``ResourceClaim <claim> is allocated for other nodes: ...``. The real kubelet trusts the scheduler there
@@ -40,9 +42,12 @@ class PrepareError(Exception):
 
 def claim_name(pod: Mapping[str, Any], pod_claim: Mapping[str, Any]) -> tuple[str | None, bool]:
     """resourceclaim.Name: the claim's name (None: nothing to prepare) and whether the pod must own it."""
+    md = store.meta(pod)
     if pod_claim.get("resourceClaimName"):
         return str(pod_claim["resourceClaimName"]), False
-    md = store.meta(pod)
+    if not pod_claim.get("resourceClaimTemplateName"):
+        raise PrepareError(f'pod "{md.get("namespace")}/{md.get("name")}", spec.resourceClaim '
+                           f'"{pod_claim.get("name")}": none of the supported fields are set')
     for entry in dra.listed(dra.mapping(pod.get("status")).get("resourceClaimStatuses")):
         if dra.mapping(entry).get("name") == pod_claim.get("name"):
             name = dra.mapping(entry).get("resourceClaimName")
@@ -82,8 +87,8 @@ def prepare(
         if must_own and not any(ref.get("uid") == md.get("uid") and ref.get("controller")
                                 for ref in store.meta(claim).get("ownerReferences") or []):
             ns = md.get("namespace")
-            raise PrepareError(f"ResourceClaim {ns}/{name} was not created for Pod {ns}/{md.get('name')} "
-                               "(Pod is not owner)")
+            raise PrepareError(f"ResourceClaim {ns}/{name} was not created for pod {ns}/{md.get('name')} "
+                               "(pod is not owner)")
         claim_uid = store.meta(claim).get("uid")
         reserved = dra.listed(dra.mapping(claim.get("status")).get("reservedFor"))
         if not any(dra.mapping(r).get("uid") == md.get("uid") for r in reserved):
@@ -101,8 +106,7 @@ def prepare(
         try:
             devices += dradriver.prepare(claim, node_name, drivers.get(dradriver.DRIVER, set()))
         except ValueError as e:
-            raise PrepareError(f"NodePrepareResources failed for ResourceClaim {name}: "
-                               f"prepare devices failed: {e}") from e
+            raise PrepareError(f"NodePrepareResources failed for ResourceClaim {name}: {e}") from e
         prepared[str(pod_claim.get("name"))] = devices
         by_request: dict[str, list[str]] = {}
         for result, cdi in zip([r for r in results if dra.mapping(r).get("driver") == dradriver.DRIVER],
