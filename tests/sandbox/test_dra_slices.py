@@ -77,6 +77,16 @@ async def test_a_shared_device_may_have_a_request_policy(http: Http) -> None:
     assert status == 201, created
 
 
+async def test_a_device_taint_gets_the_time_it_was_added(http: Http) -> None:
+    tainted = {"name": "gpu-0", "taints": [{"key": "gpu.nvidia.com/xid", "value": "79", "effect": "NoSchedule"},
+                                          {"key": "k", "effect": "None", "timeAdded": "2026-01-02T03:04:05Z"}]}
+    status, created = await http.call("POST", SLICES, resource_slice("gpu-node-0", tainted))
+    assert status == 201, created
+    first, second = created["spec"]["devices"][0]["taints"]
+    assert first["timeAdded"].endswith("Z") and len(first["timeAdded"]) == 20
+    assert second["timeAdded"] == "2026-01-02T03:04:05Z"
+
+
 async def test_driver_pool_and_node_are_immutable_and_devices_may_change(http: Http) -> None:
     await http.call("POST", SLICES, resource_slice("gpu-node-0", GPU))
     status, refused = await http.call("PATCH", f"{SLICES}/gpu-node-0-slice",

@@ -15,8 +15,8 @@ What kube-apiserver does, read from (kubernetes/kubernetes, 2026):
   ``spec.driver``.
 
 Not modelled: CEL cost limits (an expression is only compiled, with cel-python), ``sharedCounters`` /
-``consumesCounters`` beyond their presence, binding conditions, ``nodeAllocatableResources``, the
-``timeAdded`` a taint gets when written without one, and DeviceTaintRule / ResourceClaimTemplate.
+``consumesCounters`` beyond their presence, binding conditions, ``nodeAllocatableResources``, and
+DeviceTaintRule / ResourceClaimTemplate.
 """
 
 from __future__ import annotations

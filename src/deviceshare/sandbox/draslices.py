@@ -4,6 +4,7 @@ the shared field checks and their wording are in ``dra.py``."""
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Mapping
 from typing import Any
 
@@ -22,6 +23,17 @@ from deviceshare.sandbox.dra import (
     subdomain,
     unsupported,
 )
+
+
+def default_slice(obj: dict[str, Any]) -> None:
+    """SetDefaults_DeviceTaint (pkg/apis/resource/v1/defaults.go): a taint written without ``timeAdded`` gets
+    the time of the write, to the second."""
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    for device in listed(mapping(obj.get("spec")).get("devices")):
+        for taint in listed(mapping(device).get("taints")):
+            if isinstance(taint, dict) and not taint.get("timeAdded"):
+                taint["timeAdded"] = now
+
 
 # -- DeviceClass --------------------------------------------------------------------------------------------------
 

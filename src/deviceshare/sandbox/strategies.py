@@ -130,6 +130,7 @@ def validated(rtype: catalog.ResourceType, obj: Obj, old: Obj | None) -> Obj:
         claims.default(obj)  # a PUT's body is defaulted before it is compared with the stored spec
         causes += claims.validate(obj, old)
     elif rtype.key == dra.RESOURCE_SLICES:
+        draslices.default_slice(obj)
         causes += draslices.validate_resource_slice(obj, old)
     elif rtype.key == dra.DEVICE_CLASSES:
         causes += draslices.validate_device_class(obj)
