@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from deviceshare.sandbox import Sandbox, dradriver
-from tests.sandbox.dra_objects import claim
+from tests.sandbox.dra_objects import allocation, claim
 from tests.sandbox.test_clients import KUBECTL, kubectl
 from tests.waiting import until
 
@@ -98,3 +98,15 @@ async def test_kubectl_lists_slices_and_applies_a_claim(tmp_path: Path) -> None:
         assert changed.returncode != 0 and "field is immutable" in changed.stderr
         classes = await run("get", "deviceclasses", "-o", "name")
         assert classes.stdout.split() == ["deviceclass.resource.k8s.io/gpu.nvidia.com"]
+        slices = await run("get", "resourceslices")
+        header, row = slices.stdout.splitlines()[:2]
+        assert header.split() == ["NAME", "NODE", "DRIVER", "POOL", "AGE"]
+        assert row.split()[1:4] == ["gpu-node-0", "gpu.nvidia.com", "gpu-node-0"]
+        claims = await run("get", "resourceclaims")
+        assert claims.stdout.splitlines()[1].split()[:2] == ["group-devices", "pending"]
+        sandbox.patch("resourceclaims", "group-devices", {"status": {
+            "allocation": allocation("gpu-node-1", "gpu-0", "gpu-1"),
+            "reservedFor": [{"resource": "pods", "name": "m-0", "uid": "00000000-0000-4000-8000-000000000000"}]}},
+            "default", subresource="status")
+        claims = await run("get", "resourceclaims")
+        assert claims.stdout.splitlines()[1].split()[:2] == ["group-devices", "allocated,reserved"]
