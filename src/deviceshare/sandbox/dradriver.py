@@ -32,7 +32,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from deviceshare.sandbox import catalog, dra, store
+from deviceshare.sandbox import dra, errors, store
 
 DRIVER = "gpu.nvidia.com"
 DEVICE_CLASS = "gpu.nvidia.com"
@@ -107,37 +107,51 @@ class GpuDriver:
         self._slices = objects.catalog.lookup("resourceslices")
         self._classes = objects.catalog.lookup("deviceclasses")
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._devices: dict[str, set[str]] = {}  # node -> the devices of its slice, from the slices' events
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        if not self._exists(self._classes, DEVICE_CLASS):
+        self.store.listeners.append(self._on_event)
+        for resource_slice in self.store.list_objects(self._slices)[0]:
+            self._index(resource_slice, gone=False)
+        if ("", DEVICE_CLASS) not in self.store.keys(self._classes, None):
             self.store.create(self._classes, None, device_class())
         for node in self.store.list_objects(self._nodes)[0]:
             self.publish(node)
-        self.store.listeners.append(self._on_event)
 
     def stop(self) -> None:
         if self._on_event in self.store.listeners:
             self.store.listeners.remove(self._on_event)
 
     def _on_event(self, event: store.WatchEvent) -> None:
-        # A node's GPUs appear with its status (after its creation): publish then, outside the write.
-        if event.key == self._nodes.key and event.type != "DELETED" and self._loop is not None:
+        if event.key == self._slices.key:
+            self._index(event.obj, gone=event.type == "DELETED")
+        elif event.key == self._nodes.key and event.type != "DELETED" and self._loop is not None:
+            # A node's GPUs appear with its status (after its creation): publish then, outside the write.
             self._loop.call_soon(self.publish, event.obj)
 
-    def _exists(self, rtype: catalog.ResourceType, name: str) -> bool:
-        return ("", name) in self.store.keys(rtype, None)
+    def _index(self, resource_slice: Mapping[str, Any], *, gone: bool) -> None:
+        spec = dra.mapping(resource_slice.get("spec"))
+        if spec.get("driver") == DRIVER and spec.get("nodeName"):
+            node = str(spec["nodeName"])
+            if gone:
+                self._devices.pop(node, None)
+            else:
+                self._devices[node] = {str(dra.mapping(d).get("name")) for d in dra.listed(spec.get("devices"))}
 
-    def slices_of(self, node_name: str) -> list[dict[str, Any]]:
-        found, _ = self.store.list_objects(self._slices, copied=False)
-        return [s for s in found
-                if dra.mapping(s.get("spec")).get("nodeName") == node_name and s["spec"].get("driver") == DRIVER]
+    def devices_on(self, node_name: str) -> set[str] | None:
+        """The devices this driver's slice publishes for the node; None: no slice there (no plugin runs)."""
+        return self._devices.get(node_name)
 
     def publish(self, node: Mapping[str, Any]) -> None:
         """The node's slice, unless it has one already or no GPUs (or is gone)."""
         md = store.meta(node)
         count = gpu_count(node)
-        if not count or self.slices_of(md["name"]) or not self._exists(self._nodes, md["name"]):
+        if not count or md["name"] in self._devices:
+            return
+        try:
+            self.store.get(self._nodes, None, md["name"])
+        except errors.ApiError:  # deleted before this deferred publish
             return
         self.store.create(self._slices, None, {
             "apiVersion": dra.API_VERSION,

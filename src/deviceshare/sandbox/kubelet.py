@@ -238,12 +238,8 @@ class Kubelet:
 
     def _plugins(self, host: Mapping[str, Any]) -> dict[str, set[str]]:
         """The DRA kubelet plugins registered on ``host``: driver -> the devices of its slices there."""
-        if self.gpu_driver is None:
-            return {}
-        slices = self.gpu_driver.slices_of(store.meta(host)["name"])
-        if not slices:
-            return {}
-        return {dradriver.DRIVER: {str(d.get("name")) for s in slices for d in s["spec"].get("devices") or []}}
+        devices = None if self.gpu_driver is None else self.gpu_driver.devices_on(store.meta(host)["name"])
+        return {} if devices is None else {dradriver.DRIVER: devices}
 
     def complete(self, namespace: str, name: str, phase: str = "Succeeded") -> dict[str, Any]:
         def finished(pod: dict[str, Any]) -> None:
