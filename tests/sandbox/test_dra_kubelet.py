@@ -142,3 +142,14 @@ async def test_a_pod_without_claims_starts_as_before(dra: Sandbox) -> None:
     dra.bind("default", "plain", "gpu-node-0")
     await until(lambda: _phase(dra, "plain") == "Running", "a pod without claims running")
     assert dra.kubelet is not None and ("default", "plain") not in dra.kubelet.started_cdi
+
+
+async def test_the_nodes_plugin_has_the_devices_its_slice_publishes_now(dra: Sandbox) -> None:
+    (node_slice,) = dra.list("resourceslices", field_selector="spec.nodeName=gpu-node-0")
+    devices = node_slice["spec"]["devices"]
+    dra.patch("resourceslices", node_slice["metadata"]["name"], {"spec": {"devices": devices[:3]}})  # gpu-3 gone
+    dra.create(claim())
+    dra.create(_member("m-0"))
+    _allocate(dra, "gpu-node-0", "gpu-3", reserve=("m-0",))
+    dra.bind("default", "m-0", "gpu-node-0")
+    await _failure(dra, "m-0", 'allocatable not found for device "gpu-3"')
