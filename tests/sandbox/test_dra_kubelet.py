@@ -153,3 +153,49 @@ async def test_the_nodes_plugin_has_the_devices_its_slice_publishes_now(dra: San
     _allocate(dra, "gpu-node-0", "gpu-3", reserve=("m-0",))
     dra.bind("default", "m-0", "gpu-node-0")
     await _failure(dra, "m-0", 'allocatable not found for device "gpu-3"')
+
+
+def _second_claim(sandbox: Sandbox, node: str, device: str, pod_name: str, **result: Any) -> dict[str, Any]:
+    """Another claim, allocated ``device`` of ``node`` too, reserved for its own pod bound there."""
+    created = sandbox.create(claim("other-devices"))
+    sandbox.create(_member(pod_name, "other-devices"))
+    uid = (sandbox.get("pods", pod_name, "default") or {})["metadata"]["uid"]
+    sandbox.patch("resourceclaims", "other-devices", {"status": {
+        "allocation": allocation(node, device, **result),
+        "reservedFor": [{"resource": "pods", "name": pod_name, "uid": uid}]}}, "default", subresource="status")
+    sandbox.bind("default", pod_name, node)
+    return created
+
+
+async def test_a_device_prepared_for_one_claim_is_refused_to_another_until_released(dra: Sandbox) -> None:
+    first = dra.create(claim())
+    dra.create(_member("m-0"))
+    _allocate(dra, "gpu-node-0", "gpu-1", reserve=("m-0",))
+    dra.bind("default", "m-0", "gpu-node-0")
+    await until(lambda: _phase(dra, "m-0") == "Running", "the first claim's pod running")
+    _second_claim(dra, "gpu-node-0", "gpu-1", "intruder")  # a double allocation, as a racing scheduler makes
+    event = await _failure(dra, "intruder", "requested device gpu-1 is already allocated to different claim")
+    assert event["message"].endswith(f"already allocated to different claim {first['metadata']['uid']}")
+    dra.complete_pod("default", "m-0")  # the first claim's only pod on the node stops: its claim is unprepared
+    await until(lambda: _phase(dra, "intruder") == "Running", "the second claim's pod running once the first left")
+
+
+async def test_shares_of_one_device_are_prepared_for_several_claims(tmp_path: Path) -> None:
+    async with Sandbox(nodes=1, gpus=1, dra=True, dra_shared=True, kubelet_delay=0.01,
+                       kubeconfig_path=tmp_path / "kc") as shared:
+        shared.create(claim())
+        shared.create(_member("m-0"))
+        first = allocation("gpu-node-0", "gpu-0", shareID="0b7c1c6e-2d4f-4c1a-9a57-3f6f0c2c1a11",
+                           consumedCapacity={"memory": "40Gi"})
+        uid = (shared.get("pods", "m-0", "default") or {})["metadata"]["uid"]
+        shared.patch("resourceclaims", "group-devices", {"status": {
+            "allocation": first, "reservedFor": [{"resource": "pods", "name": "m-0", "uid": uid}]}},
+            "default", subresource="status")
+        shared.bind("default", "m-0", "gpu-node-0")
+        _second_claim(shared, "gpu-node-0", "gpu-0", "n-0", shareID="7d3f3a52-9a0e-4c57-8f0c-5d3f4f1b2e33",
+                      consumedCapacity={"memory": "40Gi"})
+        await until(lambda: _phase(shared, "m-0") == "Running" and _phase(shared, "n-0") == "Running",
+                    "both sharing pods running")
+        assert shared.kubelet is not None
+        assert shared.kubelet.started_cdi[("default", "n-0")]["main"][0].endswith(
+            "-gpu-0-7d3f3a52-9a0e-4c57-8f0c-5d3f4f1b2e33")

@@ -17,7 +17,9 @@ Modelled on NVIDIA/k8s-dra-driver-gpu (2026, cmd/gpu-kubelet-plugin):
   device_state.go: a result for a device this node does not have fails the prepare with
   ``allocatable not found for device "<name>"``, an unallocated claim with ``claim not yet allocated``. The real
   plugin looks a result up by device name among its own devices; as every node has a ``gpu-0``, the sandbox also
-  requires the result's pool to be this node's, so a result meant for another node fails the same way.
+  requires the result's pool to be this node's, so a result meant for another node fails the same way. A device
+  another claim prepared on the node is refused (``requested device gpu-0 is already allocated to different claim
+  <uid>``, validateNoOverlappingPreparedDevices: kubernetes#136269's guard against two claims on one GPU).
 
 ``shared=True`` publishes each GPU with ``allowMultipleAllocations`` (consumable capacity, KEP-5075), its memory
 requestable in steps of 1Gi, as kubernetes-sigs/dra-example-driver does with ``gpuAllowMultipleAllocations``
@@ -171,13 +173,59 @@ class GpuDriver:
         })
 
 
-def prepare(claim: Mapping[str, Any], node_name: str, node_devices: set[str]) -> list[str]:
+def plugins_on(driver: GpuDriver | None, node_name: str) -> dict[str, set[str]]:
+    """The DRA kubelet plugins registered on a node: driver -> the devices it has there (its slice's)."""
+    devices = None if driver is None else driver.devices_on(node_name)
+    return {} if devices is None else {DRIVER: devices}
+
+
+class Checkpoint:
+    """What the plugin on each node has prepared: claim uid -> its devices not shared (no ``shareID``), and the
+    pods using it, so that a claim is unprepared once no pod on the node uses it any more (the kubelet's
+    reconcile of inactive pods)."""
+
+    def __init__(self) -> None:
+        self._claims: dict[str, dict[str, tuple[set[str], set[tuple[str, str]]]]] = {}
+
+    def others(self, node: str, claim_uid: str) -> dict[str, set[str]]:
+        """The devices prepared on ``node`` for claims other than ``claim_uid``."""
+        return {uid: devices for uid, (devices, _) in self._claims.get(node, {}).items() if uid != claim_uid}
+
+    def add(self, node: str, claim_uid: str, devices: set[str], pod: tuple[str, str]) -> None:
+        self._claims.setdefault(node, {}).setdefault(claim_uid, (devices, set()))[1].add(pod)
+
+    def release(self, pod: tuple[str, str]) -> None:
+        """The pod stopped or is gone: every claim no other pod there uses is unprepared."""
+        for claims in self._claims.values():
+            for uid, (_, pods) in list(claims.items()):
+                pods.discard(pod)
+                if not pods:
+                    del claims[uid]
+
+
+def exclusive_devices(claim: Mapping[str, Any]) -> set[str]:
+    """This driver's devices in the claim's allocation that are not a share of a device (no ``shareID``)."""
+    results = dra.mapping(dra.mapping(dra.mapping(claim.get("status")).get("allocation")).get("devices"))
+    return {str(dra.mapping(r).get("device")) for r in dra.listed(results.get("results"))
+            if dra.mapping(r).get("driver") == DRIVER and not dra.mapping(r).get("shareID")}
+
+
+def prepare(
+    claim: Mapping[str, Any], node_name: str, node_devices: set[str], others: Mapping[str, set[str]] | None = None
+) -> list[str]:
     """NodePrepareResources for one claim on ``node_name``: the CDI device IDs of this driver's results, or
-    ValueError with the driver's message (driver.go wraps device_state.go's ``prepare devices failed: ...`` in
-    ``error preparing devices for claim <ns>/<name>:<uid>: ...``). ``node_devices``: the devices of this node."""
+    ValueError with the driver's message (driver.go wraps device_state.go's in ``error preparing devices for
+    claim <ns>/<name>:<uid>: ...``). ``node_devices``: the devices of this node; ``others``: what other claims
+    have prepared there, which a device not shared must not be in (validateNoOverlappingPreparedDevices)."""
     md = store.meta(claim)
     claim_uid = md.get("uid")
     claim_ref = f"{md.get('namespace')}/{md.get('name')}:{claim_uid}"  # ResourceClaimToString
+    for device in sorted(exclusive_devices(claim)):
+        for other_uid, devices in sorted((others or {}).items()):
+            if device in devices:
+                raise ValueError(f"error preparing devices for claim {claim_ref}: unable to prepare claim "
+                                 f"{claim_uid}: requested device {device} is already allocated to different claim "
+                                 f"{other_uid}")
     failed = f"error preparing devices for claim {claim_ref}: prepare devices failed"
     allocation = dra.mapping(claim.get("status")).get("allocation")
     if allocation is None:

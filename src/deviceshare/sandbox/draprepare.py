@@ -13,7 +13,8 @@ and pkg/kubelet/kubelet.go, which records the failure as a Warning event ``Faile
 - ``fetch ResourceClaim <claim>: resourceclaims.resource.k8s.io "<claim>" not found``;
 - ``pod <pod> (<uid>) is not allowed to use ResourceClaim <claim> (<uid>)``: the pod is not in ``reservedFor``;
 - ``DRA driver <driver> is not registered``: no plugin of a result's driver on this node;
-- ``NodePrepareResources failed for ResourceClaim <claim>: <the driver's error>`` (dradriver.prepare's words).
+- ``NodePrepareResources failed for ResourceClaim <claim>: <the driver's error>`` (dradriver.prepare's words),
+  among them a device already prepared on the node for another claim.
 
 One check is the sandbox's own: a claim whose ``status.allocation.nodeSelector`` does not match the node fails
 with ``ResourceClaim <claim> is allocated for other nodes: ...``. The real kubelet trusts the scheduler there
@@ -67,14 +68,17 @@ def allocated_for(claim: Mapping[str, Any], node: Mapping[str, Any]) -> bool:
 
 
 def prepare(
-    objects: store.ObjectStore, pod: Mapping[str, Any], node: Mapping[str, Any], drivers: Mapping[str, set[str]]
+    objects: store.ObjectStore, pod: Mapping[str, Any], node: Mapping[str, Any], drivers: Mapping[str, set[str]],
+    checkpoint: dradriver.Checkpoint,
 ) -> dict[str, list[str]]:
     """Prepare every claim of ``pod`` on ``node``: its pod-claim name -> the CDI devices per request name
     flattened (``name`` and ``name/request`` keys). ``drivers``: the plugins registered on this node, each
-    with the devices it has. PrepareError when the pod must not start yet."""
+    with the devices it has; ``checkpoint``: what they prepared, where the pod's claims are added once all are
+    prepared. PrepareError when the pod must not start yet."""
     claims_type = objects.catalog.lookup("resourceclaims")
     md, node_name = store.meta(pod), store.meta(node)["name"]
     prepared: dict[str, list[str]] = {}
+    done: list[tuple[str, set[str]]] = []
     for pod_claim in dra.listed(dra.mapping(pod.get("spec")).get("resourceClaims")):
         pod_claim = dra.mapping(pod_claim)
         name, must_own = claim_name(pod, pod_claim)
@@ -104,7 +108,8 @@ def prepare(
                 raise PrepareError(f"DRA driver {driver} is not registered")
         devices: list[str] = []
         try:
-            devices += dradriver.prepare(claim, node_name, drivers.get(dradriver.DRIVER, set()))
+            devices += dradriver.prepare(claim, node_name, drivers.get(dradriver.DRIVER, set()),
+                                         checkpoint.others(node_name, str(claim_uid)))
         except ValueError as e:
             raise PrepareError(f"NodePrepareResources failed for ResourceClaim {name}: {e}") from e
         prepared[str(pod_claim.get("name"))] = devices
@@ -114,6 +119,9 @@ def prepare(
             by_request.setdefault(str(dra.mapping(result).get("request")), []).append(cdi)
         for request, ids in by_request.items():
             prepared[f"{pod_claim.get('name')}/{request}"] = ids
+        done.append((str(claim_uid), dradriver.exclusive_devices(claim)))
+    for claim_uid, exclusive in done:
+        checkpoint.add(node_name, claim_uid, exclusive, (str(md.get("namespace", "")), str(md["name"])))
     return prepared
 
 

@@ -125,6 +125,7 @@ class Kubelet:
         self.started_cdi: dict[tuple[str, str], dict[str, list[str]]] = {}
         self.gpu_driver: dradriver.GpuDriver | None = None  # the DRA driver's plugin on the GPU nodes, if any
         self._claims_pending: dict[tuple[str, str], dict[str, Any]] = {}  # pods waiting for their claims
+        self.prepared_claims = dradriver.Checkpoint()  # what the DRA plugins prepared, node by node
         self._claim_keys = {objects.catalog.lookup(p).key for p in ("resourceclaims", "resourceslices")}
 
     def start(self) -> None:
@@ -142,16 +143,25 @@ class Kubelet:
 
     def _on_event(self, event: store.WatchEvent) -> None:
         if event.key in self._claim_keys:  # a claim reserved or a driver's slice published: try again
-            for pod in list(self._claims_pending.values()):
-                self._consider(pod)
-        elif event.key == self._pods.key and event.type == "DELETED":
+            self._retry_claims_pending()
+        elif event.key == self._pods.key and (
+            event.type == "DELETED" or (event.obj.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+        ):  # an inactive pod: its claims are unprepared where no other pod uses them
             md = store.meta(event.obj)
             self._claims_pending.pop((md.get("namespace", ""), md["name"]), None)
+            self.prepared_claims.release((md.get("namespace", ""), md["name"]))
+            self._retry_claims_pending()  # a device it held may be free for another claim now
+            if event.type != "DELETED" and md.get("deletionTimestamp"):
+                self._stopping(event.obj)
         elif event.key == self._pods.key:
             if store.meta(event.obj).get("deletionTimestamp"):
                 self._stopping(event.obj)
             else:
                 self._consider(event.obj)
+
+    def _retry_claims_pending(self) -> None:
+        for pod in list(self._claims_pending.values()):
+            self._consider(pod)
 
     def _stopping(self, pod: Mapping[str, Any]) -> None:
         """A pod deleted gracefully on this node: its containers stop (after ``delay``, not the whole grace
@@ -225,7 +235,8 @@ class Kubelet:
         containers = [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]
         if spec.get("resourceClaims"):
             try:
-                prepared = draprepare.prepare(self.store, pod, host, self._plugins(host))
+                plugins = dradriver.plugins_on(self.gpu_driver, store.meta(host)["name"])
+                prepared = draprepare.prepare(self.store, pod, host, plugins, self.prepared_claims)
             except draprepare.PrepareError as e:  # as the kubelet's syncPod: an event, and a retry later
                 self._claims_pending[key] = pod
                 message = f"Failed to prepare dynamic resources: prepare dynamic resources: {e}"
@@ -235,11 +246,6 @@ class Kubelet:
             self.started_cdi[key] = {str(c.get("name")): draprepare.container_devices(c, prepared) for c in containers}
         self.started_env[key] = {str(c.get("name")): container_env(pod, c) for c in containers}
         self.store.write_status(self._pods, key[0], key[1], _running)
-
-    def _plugins(self, host: Mapping[str, Any]) -> dict[str, set[str]]:
-        """The DRA kubelet plugins registered on ``host``: driver -> the devices of its slices there."""
-        devices = None if self.gpu_driver is None else self.gpu_driver.devices_on(store.meta(host)["name"])
-        return {} if devices is None else {dradriver.DRIVER: devices}
 
     def complete(self, namespace: str, name: str, phase: str = "Succeeded") -> dict[str, Any]:
         def finished(pod: dict[str, Any]) -> None:
