@@ -12,7 +12,7 @@ import pytest
 
 from deviceshare.sandbox import Sandbox
 from tests.sandbox.dra_objects import MERGE, allocation, claim
-from tests.sandbox.helpers import pod
+from tests.sandbox.helpers import PODS, Http, pod
 from tests.waiting import until
 
 
@@ -199,3 +199,20 @@ async def test_shares_of_one_device_are_prepared_for_several_claims(tmp_path: Pa
         assert shared.kubelet is not None
         assert shared.kubelet.started_cdi[("default", "n-0")]["main"][0].endswith(
             "-gpu-0-7d3f3a52-9a0e-4c57-8f0c-5d3f4f1b2e33")
+
+
+async def test_a_container_may_only_name_the_pods_claims(http: Http) -> None:
+    body = _member("m-0")
+    body["spec"]["containers"][0]["resources"]["claims"] = [{"name": "gpus"}, {"name": "deviceshare"},
+                                                            {"name": "deviceshare"}]
+    status, refused = await http.call("POST", PODS, body)
+    assert status == 422
+    assert [f"{c['field']}: {c['message']}" for c in refused["details"]["causes"]] == [
+        'spec.containers[0].resources.claims[0]: Not found: "gpus": must be one of the names in '
+        "pod.spec.resourceClaims: deviceshare",
+        'spec.containers[0].resources.claims[2]: Duplicate value: "deviceshare"',
+    ]
+    del body["spec"]["resourceClaims"]
+    body["spec"]["containers"][0]["resources"]["claims"] = [{"name": "deviceshare"}]
+    status, refused = await http.call("POST", PODS, body)
+    assert "must be one of the names in pod.spec.resourceClaims which is empty" in refused["message"]

@@ -214,7 +214,7 @@ def label_key(value: Any, path: str) -> Causes:
 def selector(item: Any, path: str) -> Causes:
     """validateSelector: ``cel`` required; its expression at most 10 KiB and compiling (cel-python here)."""
     expression = mapping(mapping(item).get("cel")).get("expression")
-    if not mapping(item).get("cel"):
+    if not isinstance(mapping(item).get("cel"), Mapping):
         return [required(f"{path}.cel")]
     path = f"{path}.cel.expression"
     if not isinstance(expression, str) or not expression:
@@ -253,6 +253,30 @@ def node_selector(value: Any, path: str) -> Causes:
             elif len(listed(mapping(req).get("values"))) != 1:
                 causes.append(required(f"{req_path}.values", "must be only one value when `operator` is 'In' or "
                                                              "'NotIn' for node field selector"))
+    return causes
+
+
+def pod_claim_references(spec: Mapping[str, Any]) -> Causes:
+    """core validation's validateResourceClaimNames: each container's ``resources.claims`` entry names one of the
+    pod's ``spec.resourceClaims``, once (by name and request)."""
+    pod_claims = sorted({str(mapping(c).get("name")) for c in listed(spec.get("resourceClaims"))})
+    causes: Causes = []
+    for field in ("initContainers", "containers"):
+        for i, container in enumerate(listed(spec.get(field))):
+            seen: set[str] = set()
+            for j, entry in enumerate(listed(mapping(mapping(container).get("resources")).get("claims"))):
+                path, name = f"spec.{field}[{i}].resources.claims[{j}]", mapping(entry).get("name")
+                if not name:
+                    causes.append(required(path))
+                    continue
+                key = f"{name}/{mapping(entry)['request']}" if mapping(entry).get("request") else str(name)
+                if key in seen:
+                    causes.append(duplicate(path, key))
+                seen.add(key)
+                if name not in pod_claims:
+                    listed_names = ": " + ", ".join(pod_claims) if pod_claims else " which is empty"
+                    causes.append((path, f"Not found: {quoted(name)}: must be one of the names in "
+                                         f"pod.spec.resourceClaims{listed_names}"))
     return causes
 
 

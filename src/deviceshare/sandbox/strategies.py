@@ -121,6 +121,7 @@ def validated(rtype: catalog.ResourceType, obj: Obj, old: Obj | None) -> Obj:
             for field in ("name", "image"):
                 if not c.get(field):
                     causes.append((f"spec.containers[{i}].{field}", "Required value"))
+        causes += dra.pod_claim_references(obj.get("spec") or {})
     elif rtype.key == budgets.KEY:
         causes += budgets.validate(obj)
     elif rtype.key == priority.KEY:
