@@ -197,6 +197,17 @@ BUILTINS: tuple[ResourceType, ...] = (
         short_names=("crd", "crds"),
         subresources=frozenset({"status"}),
     ),
+    # Dynamic Resource Allocation (GA in Kubernetes 1.34); validation in dra.py, draslices.py, claims.py.
+    ResourceType("resource.k8s.io", "v1", "deviceclasses", "DeviceClass", namespaced=False),
+    ResourceType(
+        "resource.k8s.io",
+        "v1",
+        "resourceslices",
+        "ResourceSlice",
+        namespaced=False,
+        field_selectors=frozenset({"spec.nodeName", "spec.driver"}),
+    ),
+    ResourceType("resource.k8s.io", "v1", "resourceclaims", "ResourceClaim", subresources=frozenset({"status"})),
     ResourceType(
         "admissionregistration.k8s.io",
         "v1",

@@ -54,6 +54,11 @@ def _program(expression: str) -> Any:
         raise CelError(f"compilation failed: {e}") from e
 
 
+def compiled(expression: str) -> None:
+    """Compile (and cache) ``expression``; :class:`CelError` when it does not compile."""
+    _program(expression)
+
+
 def evaluate(expression: str, variables: Mapping[str, Any]) -> Any:
     """Evaluate with JSON-like variables; returns the CEL value (a bool for rules and conditions)."""
     from celpy import adapter

@@ -20,7 +20,18 @@ import kmock
 import yaml
 
 from deviceshare.api import names
-from deviceshare.sandbox import admission, apiserver, catalog, errors, faults, identity, kubelet, patches, store
+from deviceshare.sandbox import (
+    admission,
+    apiserver,
+    catalog,
+    dradriver,
+    errors,
+    faults,
+    identity,
+    kubelet,
+    patches,
+    store,
+)
 from deviceshare.sandbox import deployments as deployments_
 from deviceshare.sandbox import disruption as disruption_
 from deviceshare.sandbox import priority as priority_classes
@@ -75,6 +86,8 @@ class Sandbox:
         intel_nodes: int = 0,
         deployments: bool = False,
         disruption: bool = True,
+        dra: bool = False,
+        dra_shared: bool = False,
     ) -> None:
         self.resource = resource
         self.gpus = gpus
@@ -98,6 +111,14 @@ class Sandbox:
         self.deployments = deployments_.DeploymentController(self.store, self.admission) if deployments else None
         # PodDisruptionBudget status, which the Eviction API reads; it acts only where budgets exist.
         self.disruption = disruption_.DisruptionController(self.store) if disruption else None
+        # Off by default: the NVIDIA DRA driver (DeviceClass gpu.nvidia.com, one ResourceSlice per GPU node);
+        # dra_shared publishes its GPUs as devices that allow multiple allocations.
+        self.dra_driver = (
+            dradriver.GpuDriver(self.store, memory_mib=gpu_memory_mib or DEFAULT_GPU_MEMORY_MIB, shared=dra_shared)
+            if dra else None
+        )
+        if self.kubelet is not None:
+            self.kubelet.gpu_driver = self.dra_driver
         self._host, self._port = host, port
         self._kubeconfig_path = kubeconfig_path
         self._server: kmock.Server | None = None
@@ -131,6 +152,8 @@ class Sandbox:
             self.deployments.start()
         if self.disruption is not None:
             self.disruption.start()
+        if self.dra_driver is not None:
+            self.dra_driver.start()
         return self
 
     async def __aexit__(
@@ -142,6 +165,8 @@ class Sandbox:
             self.deployments.stop()
         if self.disruption is not None:
             self.disruption.stop()
+        if self.dra_driver is not None:
+            self.dra_driver.stop()
         self.store.close_watches()
         self.api.faults.clear()  # no request stays held past the end
         if self._server is not None:

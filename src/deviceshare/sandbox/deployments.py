@@ -18,7 +18,7 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
-from deviceshare.sandbox import admission, errors, fieldshapes, managedfields, patches, recording, store
+from deviceshare.sandbox import admission, errors, events, fieldshapes, managedfields, patches, store
 
 DeploymentKey = tuple[str, str]
 
@@ -170,8 +170,8 @@ class DeploymentController:
             self.store.write_status(self._deployments, md.get("namespace"), md["name"], mutate)
 
     def _record(self, obj: Mapping[str, Any], reason: str, message: str) -> None:
-        recording.warn(self.store, obj, api_version="apps/v1", kind="Deployment", reason=reason, message=message,
-                       component="replicaset-controller")
+        """A Warning event on ``obj``; the same one again bumps ``count`` and ``lastTimestamp``."""
+        events.record(self.store, obj, reason, message, component="replicaset-controller")
 
 
 # -- the scale subresource --------------------------------------------------------------------------

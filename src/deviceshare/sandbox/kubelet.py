@@ -8,6 +8,10 @@ real kubelet's admission does, a pod that does not tolerate one of the node's ``
 is rejected instead (phase ``Failed``, reason ``UntoleratedTaint``): that is what stops a pod that
 names a tainted node in ``spec.nodeName`` and so skips every scheduler.
 
+A pod with ``spec.resourceClaims`` starts only once each claim is allocated for its node and reserved for it
+(``draprepare.py``); until then it stays Pending with a ``FailedPrepareDynamicResources`` event, and is tried
+again when a claim or a slice changes. The CDI devices its containers got are kept in :attr:`Kubelet.started_cdi`.
+
 Like the real kubelet, it resolves each container's env when the container starts, downward-API
 ``fieldRef`` entries included (``metadata.annotations['...']``): what it resolved is kept in
 :attr:`Kubelet.started_env`, so a test can read the values a container saw (annotations written after
@@ -25,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from deviceshare.api import names
-from deviceshare.sandbox import containerstart, recording, store
+from deviceshare.sandbox import containerstart, dradriver, draprepare, events, store
 
 KUBELET_VERSION = "v1.32.0-sandbox"
 
@@ -119,6 +123,12 @@ class Kubelet:
         self.started_env: dict[tuple[str, str], dict[str, dict[str, str]]] = {}
         # (namespace, pod) -> container -> the CDI names of the devices it was given (containerstart).
         self.started_devices: dict[tuple[str, str], dict[str, tuple[str, ...]]] = {}
+        # (namespace, pod) -> container -> the CDI devices its DRA claims gave it when the pod started.
+        self.started_cdi: dict[tuple[str, str], dict[str, list[str]]] = {}
+        self.gpu_driver: dradriver.GpuDriver | None = None  # the DRA driver's plugin on the GPU nodes, if any
+        self._claims_pending: dict[tuple[str, str], dict[str, Any]] = {}  # pods waiting for their claims
+        self.prepared_claims = dradriver.Checkpoint()  # what the DRA plugins prepared, node by node
+        self._claim_keys = {objects.catalog.lookup(p).key for p in ("resourceclaims", "resourceslices")}
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -134,11 +144,26 @@ class Kubelet:
         self._timers.clear()
 
     def _on_event(self, event: store.WatchEvent) -> None:
-        if event.key == self._pods.key and event.type != "DELETED":
+        if event.key in self._claim_keys:  # a claim reserved or a driver's slice published: try again
+            self._retry_claims_pending()
+        elif event.key == self._pods.key and (
+            event.type == "DELETED" or (event.obj.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+        ):  # an inactive pod: its claims are unprepared where no other pod uses them
+            md = store.meta(event.obj)
+            self._claims_pending.pop((md.get("namespace", ""), md["name"]), None)
+            self.prepared_claims.release((md.get("namespace", ""), md["name"]))
+            self._retry_claims_pending()  # a device it held may be free for another claim now
+            if event.type != "DELETED" and md.get("deletionTimestamp"):
+                self._stopping(event.obj)
+        elif event.key == self._pods.key:
             if store.meta(event.obj).get("deletionTimestamp"):
                 self._stopping(event.obj)
             else:
                 self._consider(event.obj)
+
+    def _retry_claims_pending(self) -> None:
+        for pod in list(self._claims_pending.values()):
+            self._consider(pod)
 
     def _stopping(self, pod: Mapping[str, Any]) -> None:
         """A pod deleted gracefully on this node: its containers stop (after ``delay``, not the whole grace
@@ -210,6 +235,18 @@ class Kubelet:
             return
         spec = pod.get("spec", {})
         containers = [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]
+        claim_devices: dict[str, list[str]] | None = None
+        if spec.get("resourceClaims"):
+            try:
+                plugins = dradriver.plugins_on(self.gpu_driver, store.meta(host)["name"])
+                prepared = draprepare.prepare(self.store, pod, host, plugins, self.prepared_claims)
+            except draprepare.PrepareError as e:  # as the kubelet's syncPod: an event, and a retry later
+                self._claims_pending[key] = pod
+                message = f"Failed to prepare dynamic resources: prepare dynamic resources: {e}"
+                events.record(self.store, pod, draprepare.FAILED, message, component="kubelet")
+                return
+            self._claims_pending.pop(key, None)
+            claim_devices = {str(c.get("name")): draprepare.container_devices(c, prepared) for c in containers}
         env = {str(c.get("name")): containerstart.container_env(pod, c) for c in containers}
         devices: dict[str, tuple[str, ...]] = {}
         for c in containers:
@@ -221,6 +258,8 @@ class Kubelet:
                 return
         self.started_env[key] = env
         self.started_devices[key] = devices
+        if claim_devices is not None:
+            self.started_cdi[key] = claim_devices
         self.store.write_status(self._pods, key[0], key[1], _running)
 
     def _not_created(self, pod: Mapping[str, Any], container: str, why: str, *, init: bool) -> None:
@@ -237,8 +276,7 @@ class Kubelet:
 
         md = store.meta(pod)
         self.store.write_status(self._pods, md.get("namespace"), md["name"], waiting)
-        recording.warn(self.store, pod, api_version="v1", kind="Pod", reason="Failed", message=f"Error: {message}",
-                       component="kubelet")
+        events.record(self.store, pod, "Failed", f"Error: {message}", component="kubelet")
 
     def complete(self, namespace: str, name: str, phase: str = "Succeeded") -> dict[str, Any]:
         def finished(pod: dict[str, Any]) -> None:

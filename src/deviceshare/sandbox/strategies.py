@@ -16,7 +16,7 @@ from typing import Any, TypeVar, cast
 
 import orjson
 
-from deviceshare.sandbox import budgets, catalog, errors, priority, schema
+from deviceshare.sandbox import budgets, catalog, claims, dra, draslices, errors, priority, schema
 
 Obj = dict[str, Any]
 
@@ -73,6 +73,8 @@ def prepare_for_create(rtype: catalog.ResourceType, obj: Obj) -> Obj:
         obj.setdefault("type", "Opaque")
     elif rtype.key == budgets.KEY:
         obj["status"] = dict(budgets.EMPTY_STATUS)
+    elif rtype.key == dra.RESOURCE_CLAIMS:
+        claims.prepare_for_create(obj)
     elif rtype.key == ("", "namespaces"):
         obj["status"] = {"phase": "Active"}
         obj.setdefault("spec", {"finalizers": ["kubernetes"]})
@@ -119,11 +121,20 @@ def validated(rtype: catalog.ResourceType, obj: Obj, old: Obj | None) -> Obj:
             for field in ("name", "image"):
                 if not c.get(field):
                     causes.append((f"spec.containers[{i}].{field}", "Required value"))
+        causes += dra.pod_claim_references(obj.get("spec") or {})
     elif rtype.key == budgets.KEY:
         causes += budgets.validate(obj)
     elif rtype.key == priority.KEY:
         priority.prepare(obj)
         causes += priority.validate(obj, old)
+    elif rtype.key == dra.RESOURCE_CLAIMS:
+        claims.default(obj)  # a PUT's body is defaulted before it is compared with the stored spec
+        causes += claims.validate(obj, old)
+    elif rtype.key == dra.RESOURCE_SLICES:
+        draslices.default_slice(obj)
+        causes += draslices.validate_resource_slice(obj, old)
+    elif rtype.key == dra.DEVICE_CLASSES:
+        causes += draslices.validate_device_class(obj)
     elif rtype.key == ("apiextensions.k8s.io", "customresourcedefinitions"):
         spec = obj.get("spec", {})
         for field in ("group", "names", "versions"):

@@ -123,6 +123,23 @@ def _priority_class_cells(pc: Row) -> list[Any]:
     ]
 
 
+def _claim_cells(claim: Row) -> list[Any]:
+    """pkg/printers/internalversion resourceClaimState: deleted, pending, allocated, reserved."""
+    md, status = claim.get("metadata") or {}, claim.get("status") or {}
+    states = ["deleted"] if md.get("deletionTimestamp") else []
+    if status.get("allocation") is None:
+        states += [] if md.get("deletionTimestamp") else ["pending"]
+    else:
+        states += ["allocated", "reserved"] if status.get("reservedFor") else ["allocated"]
+    return [",".join(states), age(md.get("creationTimestamp"))]
+
+
+def _slice_cells(resource_slice: Row) -> list[Any]:
+    spec = resource_slice.get("spec") or {}
+    return [spec.get("nodeName", ""), spec.get("driver", ""), (spec.get("pool") or {}).get("name", ""),
+            age(resource_slice.get("metadata", {}).get("creationTimestamp"))]
+
+
 # kubectl's columns for events put the name last and hidden (priority 1)
 _EVENT_COLUMNS = [
     ("Last Seen", "string", 0),
@@ -157,6 +174,11 @@ _BUILTIN: dict[tuple[str, str], tuple[list[tuple[str, str, int]], Callable[[Row]
         [("Min Available", "string", 0), ("Max Unavailable", "string", 0), ("Allowed Disruptions", "integer", 0),
          ("Age", "string", 0)],
         _budget_cells,
+    ),
+    ("resource.k8s.io", "resourceclaims"): ([("State", "string", 0), ("Age", "string", 0)], _claim_cells),
+    ("resource.k8s.io", "resourceslices"): (
+        [("Node", "string", 0), ("Driver", "string", 0), ("Pool", "string", 0), ("Age", "string", 0)],
+        _slice_cells,
     ),
     ("scheduling.k8s.io", "priorityclasses"): (
         [("Value", "integer", 0), ("Global-Default", "boolean", 0), ("Age", "string", 0),

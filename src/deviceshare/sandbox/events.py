@@ -1,6 +1,6 @@
-"""Warning events the sandbox's own controllers record (the replicaset controller's, the kubelet's), as
-kube's event recorder writes them: one Event per object, reason and message; the same one again bumps
-``count`` and ``lastTimestamp``."""
+"""Events the sandbox's own controllers and kubelet record (core/v1), as client-go's event recorder does:
+the same event again (same object, reason and message) bumps ``count`` and ``lastTimestamp`` of the one
+already stored instead of adding another."""
 
 from __future__ import annotations
 
@@ -11,13 +11,14 @@ from typing import Any
 from deviceshare.sandbox import errors, patches, store
 
 
-def warn(
-    objects: store.ObjectStore, obj: Mapping[str, Any], *, api_version: str, kind: str, reason: str, message: str,
-    component: str,
+def record(
+    objects: store.ObjectStore, obj: Mapping[str, Any], reason: str, message: str, *,
+    component: str, type_: str = "Warning",
 ) -> None:
+    """An event about ``obj`` (its apiVersion and kind as stored) from ``component``."""
     events = objects.catalog.lookup("events")
     md = store.meta(obj)
-    ns = md.get("namespace", "default")
+    ns = md.get("namespace") or "default"
     digest = hashlib.sha1(f"{md.get('uid')}/{reason}/{message}".encode()).hexdigest()[:16]
     event_name = f"{md['name']}.{digest}"
     now = store.now()
@@ -32,8 +33,8 @@ def warn(
     objects.create(events, ns, {
         "apiVersion": "v1", "kind": "Event",
         "metadata": {"name": event_name, "namespace": ns},
-        "involvedObject": {"apiVersion": api_version, "kind": kind, "namespace": ns,
+        "involvedObject": {"apiVersion": obj.get("apiVersion"), "kind": obj.get("kind"), "namespace": ns,
                            "name": md["name"], "uid": md.get("uid")},
-        "reason": reason, "message": message, "type": "Warning", "count": 1,
+        "reason": reason, "message": message, "type": type_, "count": 1,
         "firstTimestamp": now, "lastTimestamp": now, "source": {"component": component},
     })
