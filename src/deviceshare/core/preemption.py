@@ -9,12 +9,14 @@ chosen as CONTRACT §8 says, after kube-scheduler's ``pickOneNodeForPreemption``
 highest-victim priority, then the fewest victim groups, then the fewest victim pods, then the node
 name, then the victims' names; on each node the cheapest sufficient set (:mod:`victims`).
 
-One scan of the nodes per decision, cheap arithmetic only: what each node could free at best, read by
-binary search from running totals the caller keeps per node (:class:`victims.NodeGroups`), gives a
-lower bound of its rank (the priority from which enough *could* be freed, how few groups could free
-it); then nodes are searched exactly in the order of that bound, and the search stops once no node
-left can beat the best found. The answer is the same as trying every subset of
-victims on every node (tests/core/test_preemption_properties.py checks exactly that).
+Cheap arithmetic per node: what it could free at best, read by binary search from running totals the
+caller keeps per node (:class:`victims.NodeGroups`), gives a lower bound of its rank (the priority from
+which enough *could* be freed, how few groups could free it); nodes are searched exactly in the order of
+that bound, and the search stops once no node left can beat the best found. Given a
+:class:`victimindex.VictimIndex` (what the operator keeps), only the nodes whose key in its order could
+still win are bounded at all; given a plain mapping, or when no node has victims, every node is (one
+scan, the reasons counted). The answer is the same as trying every subset of victims on every node
+(tests/core/test_preemption_properties.py checks exactly that, both ways).
 """
 
 from __future__ import annotations
@@ -93,8 +95,9 @@ def decide(
 ) -> Preemption | NoPreemption:
     """Where the group ``request`` (of ``priority``, pending members ``pending``) may evict, and whom.
 
-    ``groups_by_node`` holds every group bound on each node (:func:`victims.by_node`; all of them: a
-    node's state without some is rebuilt from the others); ``snapshot`` is the ledger's, without
+    ``groups_by_node`` holds every group bound on each node (:func:`victims.by_node`, or a
+    :class:`victimindex.VictimIndex` to skip the scan; all of them: a node's state without some is rebuilt
+    from the others); ``snapshot`` is the ledger's, without
     nominations applied. Whether the group may preempt at all (``preemptionPolicy: Never``) is
     :func:`priority.may_preempt`'s to say.
     """
