@@ -6,11 +6,12 @@ the cases a user would name.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 from tests.core import builders
 
-from deviceshare.core import capacity, inventory, ledger, nominations, placement, preemption, victims
+from deviceshare.core import capacity, inventory, ledger, nominations, placement, preemption, victimindex, victims
 
 GPU = builders.GPU
 GI = 1 << 30
@@ -205,3 +206,19 @@ def test_preemption_respects_a_higher_nomination_on_the_node() -> None:
     lower = nominations.NONE.nominate(nomination(50))  # a lower nominee yields
     taken = c.decide(whole(2), 100, nominated=lower)
     assert isinstance(taken, preemption.Preemption) and taken.node == "a"
+
+
+def test_the_index_follows_a_priority_change_that_moves_no_device() -> None:
+    c = Cluster(builders.node("a", gpus=1), builders.node("b", gpus=1))
+    c.bind("on-a", "a", ["0"], 100)
+    c.bind("on-b", "b", ["0"], 50)
+    index = victimindex.VictimIndex(victims.by_node(g for gs in c.bound.values() for g in gs))
+    assert preemption.decide(c.book.snapshot(), whole(), [POD], 200, index) == c.decide(whole(), 200)
+    lowered = dataclasses.replace(c.bound["a"][0], priority=10)  # e.g. its high-priority member left
+    c.bound["a"] = [lowered]
+
+    index.file("a", victims.NodeGroups.of([lowered]))
+    decision = preemption.decide(c.book.snapshot(), whole(), [POD], 200, index)
+
+    assert isinstance(decision, preemption.Preemption)
+    assert (decision.node, decision.victim_keys) == ("a", (("batch", "on-a"),))

@@ -11,6 +11,7 @@ out on the ledger itself: the victims released, the preemptor's devices reserved
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 from collections.abc import Sequence
@@ -18,7 +19,7 @@ from collections.abc import Sequence
 import pytest
 from tests.core import builders
 
-from deviceshare.core import capacity, inventory, ledger, nominations, placement, preemption, victims
+from deviceshare.core import capacity, inventory, ledger, nominations, placement, preemption, victimindex, victims
 
 GPU = builders.GPU
 GI = 1 << 30
@@ -34,10 +35,12 @@ def _request(rng: random.Random, key: inventory.GroupKey) -> placement.GroupRequ
     return placement.GroupRequest(key, {GPU: rng.choice((1, 1, 2))}, {}, share={GPU: share})
 
 
-def cluster(seed: int) -> tuple[ledger.DeviceLedger, dict[str, list[victims.BoundGroup]], random.Random]:
+def cluster(
+    seed: int, sizes: Sequence[int] = (1, 2, 3, 6)
+) -> tuple[ledger.DeviceLedger, dict[str, list[victims.BoundGroup]], random.Random]:
     rng = random.Random(seed)
     book = ledger.DeviceLedger()
-    nodes = rng.choice((1, 2, 3, 6))
+    nodes = rng.choice(sizes)
     for n in range(nodes):
         book.upsert_node(builders.node(
             f"n{n}", gpus=rng.choice((2, 3, 4)), cpu_milli=rng.choice((4000, 8000)),
@@ -127,6 +130,10 @@ def test_the_choice_is_the_brute_force_optimum(seed: int) -> None:
     general = preemption.decide(snapshot, request, pending, priority, victims.by_node(groups),
                                 protected={*protected, ("no", "such-group")}, nominated=nominated)
     assert general == decision, seed
+    # Walking the index of nodes by their cheapest victims decides the same as scanning every node.
+    indexed = preemption.decide(snapshot, request, pending, priority, victimindex.VictimIndex(victims.by_node(groups)),
+                                protected=protected, nominated=nominated)
+    assert indexed == decision, seed
     if expected is None:
         assert isinstance(decision, preemption.NoPreemption), (seed, decision)
         assert sum(decision.reasons.values()) == len(snapshot.nodes)
@@ -148,3 +155,56 @@ def test_the_choice_is_the_brute_force_optimum(seed: int) -> None:
     for nomination in nominated.binding(decision.node, priority, preemptor):
         for resource, ids in nomination.devices.items():
             assert not set(ids) & set(decision.placement.devices.get(resource, ()))
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_the_index_kept_as_the_cluster_changes_chooses_the_brute_force_optimum(seed: int) -> None:
+    """Larger clusters, where the index's order lets a decision skip most nodes; after each preemption is
+    carried out (and a random group leaves, another's priority changes), the index is told only the nodes
+    whose groups changed (it follows their devices through the snapshots itself)."""
+    book, bound, rng = cluster(seed + 1000, sizes=(8, 12, 16))
+    index = victimindex.VictimIndex(victims.by_node(g for gs in bound.values() for g in gs))
+    for turn in range(4):
+        preemptor = ("ml", f"preemptor-{turn}")
+        request, pending, priority = _request(rng, preemptor), _pending(rng), rng.choice((10, 20, 50, 100))
+        snapshot, demand = book.snapshot(), preemption.gang.demand(pending)
+        expected = brute_force(snapshot, request, demand, priority, bound, set(), nominations.NONE)
+
+        decision = preemption.decide(snapshot, request, pending, priority, index)
+
+        if expected is None:
+            assert isinstance(decision, preemption.NoPreemption), (seed, turn, decision)
+            assert decision == preemption.decide(snapshot, request, pending, priority, victims.by_node(
+                g for gs in bound.values() for g in gs)), (seed, turn)
+            continue
+        assert isinstance(decision, preemption.Preemption), (seed, turn, expected, decision)
+        assert (decision.node, decision.victim_keys) == expected, (seed, turn)
+        changed = {decision.node}
+        for victim in decision.victims:
+            _leave(book, bound, victim)
+        book.reserve(preemptor, decision.node, decision.placement.devices, request.share, decision.placement.tiles)
+        book.commit(preemptor)
+        allocation = book.allocation(preemptor)
+        assert allocation is not None
+        bound.setdefault(decision.node, []).append(victims.BoundGroup(allocation, priority, 1, demand.cpu_milli, 0))
+        book.account_pod((preemptor[0], f"{preemptor[1]}-0"), decision.node, demand.cpu_milli, 0)
+        leaving = [g for gs in bound.values() for g in gs if g.key != preemptor]
+        if leaving and rng.random() < 0.5:  # a group finishes elsewhere: its node has room again
+            gone = rng.choice(leaving)
+            _leave(book, bound, gone)
+            changed.add(gone.node)
+        staying = [g for gs in bound.values() for g in gs]
+        if staying and rng.random() < 0.5:  # a group's priority changes (a new member), its devices do not
+            group = rng.choice(staying)
+            changed_priority = dataclasses.replace(group, priority=rng.choice(PRIORITIES))
+            bound[group.node][bound[group.node].index(group)] = changed_priority
+            changed.add(group.node)
+        for node in changed:
+            index.file(node, victims.NodeGroups.of(bound.get(node, [])))
+
+
+def _leave(book: ledger.DeviceLedger, bound: dict[str, list[victims.BoundGroup]], group: victims.BoundGroup) -> None:
+    book.release(group.key)
+    for p in range(group.pods):
+        book.forget_pod((group.key[0], f"{group.key[1]}-{p}"))
+    bound[group.node].remove(group)

@@ -32,8 +32,7 @@ class SignatureClasses:
     def __init__(self, resource: str, signature_of: SignatureOf) -> None:
         self.resource = resource
         self._signature_of = signature_of
-        self._shards: list[Mapping[str, ledgers.NodeState] | None] = [None] * snapshots.SHARDS
-        self._states: dict[str, ledgers.NodeState] = {}
+        self._follower = snapshots.Follower()
         self._ids: dict[Signature, int] = {}  # a signature keeps its id for the index's life
         self.signatures: list[Signature] = []  # class id -> signature
         self._class: dict[str, int] = {}
@@ -65,17 +64,8 @@ class SignatureClasses:
 
     def update(self, snapshot: ledgers.LedgerSnapshot) -> None:
         """Catch up with ``snapshot``: only shards the ledger replaced since the last call are read."""
-        states = self._states
-        for i, shard in enumerate(snapshot.nodes.shards):
-            old = self._shards[i]
-            if shard is old:
-                continue
-            for name, state in [(n, s) for n, s in shard.items() if states.get(n) is not s]:
-                self._file(name, state)
-            if old is not None and old.keys() != shard.keys():  # nodes left (a set comparison, in C)
-                for name in old.keys() - shard.keys():
-                    self._file(name, None)
-            self._shards[i] = shard
+        for name, state in self._follower.changes(snapshot):
+            self._file(name, state)
 
     def _file(self, name: str, state: ledgers.NodeState | None) -> None:
         previous = self._class.pop(name, None)
@@ -89,9 +79,7 @@ class SignatureClasses:
             if not self._by_size[size]:
                 del self._by_size[size]
         if state is None:
-            self._states.pop(name, None)
             return
-        self._states[name] = state
         if not is_open(state) or not state.info.devices.get(self.resource):
             return
         sig = self._signature_of(state)

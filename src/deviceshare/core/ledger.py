@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from deviceshare.api import names
-from deviceshare.core import capacity, claims, holdings, inventory, snapshots
+from deviceshare.core import capacity, claims, filterclasses, holdings, inventory, snapshots
 
 GroupKey = inventory.GroupKey
 PodKey = inventory.PodKey
@@ -53,6 +53,7 @@ class DeviceLedger:
         self._pods: dict[PodKey, tuple[str, int, int]] = {}
         self._used: dict[str, tuple[int, int]] = {}
         self._indexes = snapshots.Indexes()
+        self._filter_classes = filterclasses.FilterClasses()
         self._snapshot: LedgerSnapshot | None = None
         self._linked: set[str] = set()  # nodes that report a device topology
         self._subscribers: list[Callable[[str, NodeState | None], None]] = []
@@ -311,6 +312,7 @@ class DeviceLedger:
                     index=self._indexes.free_copy(),
                     parts=self._indexes.parts_copy(),
                     linked_nodes=len(self._linked),
+                    filter_classes=self._filter_classes,
                 )
                 self._snapshot = snap
                 self._shared = [True] * _SHARDS

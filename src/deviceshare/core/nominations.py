@@ -181,4 +181,5 @@ def overlay(
         nodes=snapshots.NodeStates(tuple(shards)),
         index=snapshot.index,
         parts=snapshot.parts,
+        filter_classes=snapshot.filter_classes,
     )

@@ -25,7 +25,16 @@ from dataclasses import dataclass, field
 from typing import Protocol, cast, runtime_checkable
 
 from deviceshare.api import models
-from deviceshare.core import capacity, devicechoice, filters, inventory, linkscore, reasons, shareplacement
+from deviceshare.core import (
+    capacity,
+    devicechoice,
+    filterclasses,
+    filters,
+    inventory,
+    linkscore,
+    reasons,
+    shareplacement,
+)
 from deviceshare.core import ledger as ledgers  # the parameter `ledger` is the DeviceLedger
 
 BINPACK = "binpack"
@@ -62,7 +71,6 @@ def needs_mps(share: Mapping[str, capacity.Share]) -> bool:
     return any(
         (s.compute_milli or s.memory_bytes) and r.startswith(NVIDIA_PREFIX) for r, s in share.items()
     )
-
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,10 +185,17 @@ def _slack(state: ledgers.NodeState, request: GroupRequest) -> int:
     return sum(len(state.free.get(r, ())) - need for r, need in request.resources.items())
 
 
-def explain(
-    snapshot: ledgers.LedgerSnapshot, request: GroupRequest, pod: inventory.PodDemand
-) -> Unschedulable:
-    """Every node's first failing reason, counted."""
+def explain(snapshot: ledgers.LedgerSnapshot, request: GroupRequest, pod: inventory.PodDemand) -> Unschedulable:
+    """Every node's first failing reason, counted: per class of alike nodes where the snapshot keeps them
+    (:mod:`filterclasses`), else node by node (:func:`explain_each`, the same answer)."""
+    bare, classes = filterclasses.without_resources(pod), snapshot.filter_classes
+    counted = None if classes is None else classes.explain(
+        snapshot, request.node_selector, pod, lambda s: _failure(s, request, bare))
+    return explain_each(snapshot, request, pod) if counted is None else Unschedulable(counted, len(snapshot.nodes))
+
+
+def explain_each(snapshot: ledgers.LedgerSnapshot, request: GroupRequest, pod: inventory.PodDemand) -> Unschedulable:
+    """Every node's first failing reason, counted, asking each node."""
     counted: collections.Counter[str] = collections.Counter()
     for state in snapshot.nodes.values():
         failure = _failure(state, request, pod)

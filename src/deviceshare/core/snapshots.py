@@ -17,9 +17,12 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from deviceshare.core import capacity, inventory
+
+if TYPE_CHECKING:
+    from deviceshare.core.filterclasses import FilterClasses
 
 SHARDS = 64
 COMPUTE, MEMORY, TILES = "compute", "memory", "tiles"
@@ -68,6 +71,9 @@ class LedgerSnapshot:
     index: Mapping[str, Mapping[int, tuple[str, ...]]]
     parts: Mapping[PartKey, Mapping[int, tuple[Entry, ...]]] = field(default_factory=dict)
     linked_nodes: int = 0  # nodes that report how their devices are linked (CONTRACT §9; see linkscore)
+    # the ledger's nodes grouped by what the filters read (one object for all its snapshots): how placement
+    # counts why nothing fits without asking every node (None: node by node)
+    filter_classes: FilterClasses | None = field(default=None, repr=False, compare=False)
     _counts: dict[Any, tuple[int, ...]] = field(default_factory=dict, repr=False, compare=False)
 
     def candidates(self, resource: str, need: int, descending: bool = False) -> Iterator[str]:
@@ -137,6 +143,38 @@ class NodeStates(Mapping[str, NodeState]):
 
     def values(self) -> Any:
         return (state for shard in self._shards for state in shard.values())
+
+
+class Follower:
+    """Which nodes changed in the ledger's snapshots since the last look, at the cost of what changed.
+
+    The ledger copies a shard before it writes to it (:class:`NodeStates`), so a shard object seen before
+    is unchanged: only the nodes of new shards are compared, by identity. What indexes of the ledger's
+    nodes kept outside it (:mod:`fgdindex`, :mod:`filterclasses`, :mod:`victimindex`) catch up with.
+    """
+
+    def __init__(self) -> None:
+        self._shards: list[Mapping[str, NodeState] | None] = [None] * SHARDS
+        self.states: dict[str, NodeState] = {}  # every node of the last snapshot looked at
+
+    def changes(self, snapshot: LedgerSnapshot) -> list[tuple[str, NodeState | None]]:
+        """(name, state) of the nodes new or changed since the last call, (name, None) of those gone."""
+        states = self.states
+        out: list[tuple[str, NodeState | None]] = []
+        for i, shard in enumerate(snapshot.nodes.shards):
+            old = self._shards[i]
+            if shard is old:
+                continue
+            for name, state in shard.items():
+                if states.get(name) is not state:
+                    states[name] = state
+                    out.append((name, state))
+            if old is not None and old.keys() != shard.keys():  # nodes left (a set comparison, in C)
+                for name in old.keys() - shard.keys():
+                    del states[name]
+                    out.append((name, None))
+            self._shards[i] = shard
+        return out
 
 
 def bucket_remove(buckets: dict[int, tuple[Any, ...]], key: int, item: Any) -> None:

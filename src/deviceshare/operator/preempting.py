@@ -15,17 +15,18 @@ on one node, kube-scheduler's order). Carrying it out, in this order:
 Events ``Preempting`` on the preemptor and ``Preempted`` on every victim group and pod; metrics
 ``deviceshare_preemptions_total{result}``, ``deviceshare_preemption_victims_total``, ``deviceshare_nominations``.
 The victims per node (:class:`~deviceshare.core.victims.NodeGroups`) are kept between decisions and rebuilt only
-for nodes whose holdings changed since (the ledger says which), so a decision scans the nodes once.
+for nodes whose holdings changed since (the ledger says which), in a :class:`~deviceshare.core.victimindex.VictimIndex`
+that orders the nodes by the cheapest victims they could offer, so a decision searches a few nodes, not all.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 
 from deviceshare.api import models, names
-from deviceshare.core import capacity, gang, inventory, nominations, placement, preemption, victims
+from deviceshare.core import capacity, gang, inventory, nominations, placement, preemption, victimindex, victims
 from deviceshare.core import ledger as ledgers
 from deviceshare.core import priority as priority_
 
@@ -42,7 +43,7 @@ class Preemptor:
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
         self._protected: dict[state_.GroupKey, float] = {}
-        self._by_node: dict[str, victims.NodeGroups] = {}
+        self._by_node = victimindex.VictimIndex()
         self._dirty: set[str] = set()
         self._ledger: ledgers.DeviceLedger | None = None
 
@@ -153,14 +154,15 @@ class Preemptor:
             del self._protected[key]
         return frozenset(self._protected)
 
-    def groups_by_node(self) -> Mapping[str, victims.NodeGroups]:
-        """Every group bound on each node, as the core weighs them; refiled for the nodes that changed."""
+    def groups_by_node(self) -> victimindex.VictimIndex:
+        """Every group bound on each node, as the core weighs them, with the nodes ordered by the cheapest
+        victims they could offer; refiled for the nodes that changed (their devices the index follows itself)."""
         ledger = self.ctx.ledger
         if ledger is not self._ledger:  # a rebuild: a new ledger, nothing known of it yet
-            self._ledger, self._by_node, self._dirty = ledger, {}, set()
+            self._ledger, self._by_node, self._dirty = ledger, victimindex.VictimIndex(), set()
             ledger.subscribe(lambda name, state: self._dirty.add(name))
         for name in self._dirty:
-            self._by_node[name] = victims.NodeGroups.of(self._bound_on(ledger, name))
+            self._by_node.file(name, victims.NodeGroups.of(self._bound_on(ledger, name)))
         self._dirty.clear()
         return self._by_node
 
