@@ -236,3 +236,49 @@ async def test_a_kustomize_install_moves_to_the_chart(fresh: Sandbox) -> None:
     later = await run(fresh, "helm", "upgrade", "deviceshare", *chart, "--set", "operator.replicas=2")
     assert later.returncode == 0, later.stderr  # replicas is Helm's alone now
     assert fresh.get("deployments", "deviceshare-operator", NS)["spec"]["replicas"] == 2
+
+
+@pytest.fixture
+async def preloaded(tmp_path: Path) -> AsyncIterator[Sandbox]:
+    """A sandbox as `deviceshare sandbox` starts it: the CRD already there, without Helm's ownership metadata."""
+    async with Sandbox(nodes=2, gpus=4, kubeconfig_path=tmp_path / "kubeconfig", kubelet_delay=0.01) as cluster:
+        yield cluster
+
+
+CRD = "shareddevicegroups.deviceshare.io"
+
+
+async def test_the_documented_install_on_the_sandbox_leaves_its_crd_alone(preloaded: Sandbox) -> None:
+    """docs/install.md's command on the documented sandbox: install, upgrade and uninstall exit 0; the CRD
+    another owner put there stays as it was (Helm would refuse to import it), and the notes say so."""
+    before = preloaded.get("customresourcedefinitions", CRD)
+    assert before is not None and "meta.helm.sh/release-name" not in (before["metadata"].get("annotations") or {})
+    chart = ("charts/deviceshare", "-n", NS)
+    installed = await run(preloaded, "helm", "install", "deviceshare", *chart, "--create-namespace")
+    assert installed.returncode == 0, installed.stderr
+    assert "STATUS: deployed" in installed.stdout and "already in the cluster" in installed.stdout
+    assert "kubectl apply --server-side -f crds/" in installed.stdout
+    upgraded = await run(preloaded, "helm", "upgrade", "deviceshare", *chart, "--set", "operator.replicas=1")
+    assert upgraded.returncode == 0, upgraded.stderr
+    assert preloaded.get("customresourcedefinitions", CRD)["metadata"] == before["metadata"]
+    removed = await run(preloaded, "helm", "uninstall", "deviceshare", "-n", NS)
+    assert removed.returncode == 0, removed.stderr
+    assert preloaded.get("customresourcedefinitions", CRD) is not None
+
+
+async def test_a_crd_given_helms_ownership_metadata_is_adopted_by_the_next_upgrade(preloaded: Sandbox) -> None:
+    """docs/install.md's adoption: label and annotate the CRD as Helm's, and `helm upgrade` manages it."""
+    chart = ("charts/deviceshare", "-n", NS)
+    installed = await run(preloaded, "helm", "install", "deviceshare", *chart, "--create-namespace")
+    assert installed.returncode == 0, installed.stderr
+    for command in (("kubectl", "label", "crd", CRD, "app.kubernetes.io/managed-by=Helm"),
+                    ("kubectl", "annotate", "crd", CRD, "meta.helm.sh/release-name=deviceshare",
+                     f"meta.helm.sh/release-namespace={NS}")):
+        done = await run(preloaded, *command)
+        assert done.returncode == 0, done.stderr
+    upgraded = await run(preloaded, "helm", "upgrade", "deviceshare", *chart)
+    assert upgraded.returncode == 0, upgraded.stderr
+    assert "managed by this release, kept on uninstall" in upgraded.stdout
+    crd = preloaded.get("customresourcedefinitions", CRD)
+    assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"  # the chart's template applied
+    assert _helm_owned(crd)

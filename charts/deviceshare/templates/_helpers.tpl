@@ -86,3 +86,17 @@ annotations:
 {{- fail "operator.replicas > 1 needs operator.leaderElect: true (two schedulers would place groups twice)" }}
 {{- end }}
 {{- end }}
+
+{{/*
+"true" when the cluster already has the SharedDeviceGroup CRD and another owner put it there (`kubectl
+apply -f crds/`, `deviceshare sandbox`, another release): Helm refuses to adopt an object without its
+ownership metadata (meta.helm.sh/release-name and -namespace), so the chart leaves that CRD alone.
+Empty when the CRD is absent, is this release's, or there is no cluster to ask (`helm template`).
+*/}}
+{{- define "deviceshare.crdOwnedElsewhere" -}}
+{{- $crd := lookup "apiextensions.k8s.io/v1" "CustomResourceDefinition" "" "shareddevicegroups.deviceshare.io" }}
+{{- if $crd }}
+{{- $annotations := $crd.metadata.annotations | default dict }}
+{{- if or (ne (get $annotations "meta.helm.sh/release-name") .Release.Name) (ne (get $annotations "meta.helm.sh/release-namespace") .Release.Namespace) }}true{{ end }}
+{{- end }}
+{{- end }}
