@@ -181,3 +181,37 @@ async def test_nodes_without_declared_memory_are_told_how_to_declare_it(
 ])
 def test_split_reasons(message: str, expected: dict[str, int]) -> None:
     assert explain.split_reasons(message) == expected
+
+
+async def test_pods_that_skipped_the_webhook_get_the_operators_reason_and_no_contradiction(
+    cluster: Sandbox, kube: Kube, operator: RunningOperator, capsys: pytest.CaptureFixture[str]
+) -> None:
+    await kube.create_group("ml", "trainer", {GPU: 1})
+    await kube.create_pod("ml", "trainer-0", "trainer", scheduler="default-scheduler")  # as if no webhook ran
+    await kube.wait_group("ml", "trainer", lambda g: any(
+        c.get("reason") == "PodsSkippedWebhook" for c in (g.get("status") or {}).get("conditions") or []),
+        "the PodsSkippedWebhook condition")
+    rc, out, _ = await _explain(capsys, cluster, "trainer-0", "-n", "ml")
+    assert rc == 0
+    assert "condition Scheduled=False (PodsSkippedWebhook)" in out
+    assert "delete and recreate the pods" in out
+    assert "recorded no reason yet" not in out
+
+
+async def test_a_deleted_group_with_running_members_says_it_waits_for_them(
+    cluster: Sandbox, kube: Kube, operator: RunningOperator, capsys: pytest.CaptureFixture[str]
+) -> None:
+    await kube.create_group("ml", "gang", {GPU: 1})
+    await kube.create_pod("ml", "gang-0", "gang")
+    await kube.wait_bound("ml", "gang-0")
+    await kube.delete_group("ml", "gang")
+    await kube.wait_group("ml", "gang", lambda g: (g.get("status") or {}).get("phase") == "Releasing", "Releasing")
+    rc, out, _ = await _explain(capsys, cluster, "gang-0", "-n", "ml")
+    assert rc == 0
+    assert "The group is being deleted, and keeps its devices until its member pods are gone (gang-0)" in out
+    assert "kubectl delete pod -n ml gang-0" in out
+    rc = await asyncio.to_thread(cli.main, ["inspect", "--kubeconfig", str(cluster.kubeconfig)])
+    shown = capsys.readouterr().out
+    assert rc == 0
+    assert "ml/gang: Deleting: keeps its devices until its member pods are gone (gang-0)" in shown
+    assert "ml/gang: Bound" not in shown

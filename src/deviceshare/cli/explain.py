@@ -261,15 +261,37 @@ def explain(facts: Facts) -> list[str]:
         for c in status.get("conditions") or []:
             lines.append(f"  condition {c.get('type')}={c.get('status')} ({c.get('reason', '')}): "
                          f"{c.get('message', '')}")
+        if (group.get("metadata") or {}).get("deletionTimestamp"):
+            lines.append(_deleting(ns, members))
     if not node:
+        scheduled_reason = _group_not_scheduled(group)
         hints = _hints(facts, message)
+        if scheduled_reason == "PodsSkippedWebhook":
+            hints.append("These pods were created while the admission webhook did not run, so nothing scheduled "
+                         "them: make it run (kubectl -n deviceshare-system get pods), then delete and recreate "
+                         "the pods the condition names.")
         if hints:
             lines.append("What would help:")
             lines += [f"  - {h}" for h in hints]
-        elif not message:
+        elif not message and not scheduled_reason:
             lines.append("The operator has recorded no reason yet: is it running? (kubectl -n deviceshare-system "
                          "get pods)")
     return lines
+
+
+def _group_not_scheduled(group: Mapping[str, Any] | None) -> str:
+    """The reason of the group's Scheduled=False condition: a reason the operator recorded, if not the pod's."""
+    condition = _condition(group or {}, names.CONDITION_SCHEDULED)
+    return str(condition.get("reason") or "") if condition and condition.get("status") == "False" else ""
+
+
+def _deleting(ns: str, members: list[str]) -> str:
+    """A deleted group keeps its devices, and `kubectl delete` waits, until no member pod runs on them."""
+    if not members:
+        return "The group is being deleted: it releases its devices once the operator sees no member pod on them."
+    return (f"The group is being deleted, and keeps its devices until its member pods are gone "
+            f"({', '.join(members)}): `kubectl delete sdg` waits for that. Delete them or let them finish: "
+            f"kubectl delete pod -n {ns} {' '.join(members)}")
 
 
 # -- reading -----------------------------------------------------------------------------------
