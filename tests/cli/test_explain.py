@@ -6,12 +6,14 @@ Each case is set up on a sandbox with the real operator, so the reasons are the 
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from typing import Any
 
 import pytest
 
 from deviceshare import cli
+from deviceshare.api import names
 from deviceshare.cli import explain
 from deviceshare.sandbox import Sandbox
 from tests.operator.conftest import RunningOperator
@@ -215,3 +217,20 @@ async def test_a_deleted_group_with_running_members_says_it_waits_for_them(
     assert rc == 0
     assert "ml/gang: Deleting: keeps its devices until its member pods are gone (gang-0)" in shown
     assert "ml/gang: Bound" not in shown
+
+
+@pytest.mark.parametrize("sandbox_options", [{"nodes": 1, "gpus": 2}])
+async def test_a_share_bigger_than_any_device_says_waiting_will_not_help_and_skips_unhealthy_devices(
+    cluster: Sandbox, kube: Kube, operator: RunningOperator, capsys: pytest.CaptureFixture[str]
+) -> None:
+    await kube.patch_node("gpu-node-0", {"metadata": {"annotations": {
+        names.NODE_HEALTH_ANNOTATION: json.dumps({GPU: ["1"]})}}})
+    await kube.create_group("ml", "huge", {GPU: 1}, share={GPU: {"memory": "99999999999999999999999999Ei"}})
+    await kube.create_pod("ml", "huge-0", "huge")
+    await _wait_unschedulable(kube, "ml", "huge-0", "insufficient nvidia.com/gpu memory")
+    rc, out, _ = await _explain(capsys, cluster, "huge-0", "-n", "ml")
+    assert rc == 0
+    hint = next(line for line in out.splitlines() if "too little memory" in line)
+    assert "left per healthy device that takes shares: gpu-node-0/0 free." in hint  # not the unhealthy GPU 1
+    assert "No device has that much memory even when nobody shares it (the largest: 80Gi)" in hint
+    assert "waiting will not help" in hint and "wait for a sharer" not in hint

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from deviceshare.api import names
+from deviceshare.cli import capacityhints, linkview
 from deviceshare.cli import inspect as inspect_
-from deviceshare.cli import linkview
 from deviceshare.core import inventory, reasons
 
 if TYPE_CHECKING:
@@ -103,7 +103,7 @@ def _hints(facts: Facts, message: str) -> list[str]:
         hints.append(f"The group is full (maxMembers {spec.get('maxMembers')}; other members: "
                      f"{', '.join(others) or 'none'}). Raise spec.maxMembers or delete a member.")
     for reason, count in split_reasons(message).items():
-        share_hint = _capacity_hint(reason, count, spec, devices)
+        share_hint = capacityhints.capacity_hint(reason, count, spec, devices)
         if share_hint:
             hints.append(share_hint)
         elif reason.startswith("insufficient "):
@@ -154,10 +154,6 @@ def _hints(facts: Facts, message: str) -> list[str]:
     return hints
 
 
-_CAPACITY = re.compile(r"^insufficient (?P<resource>\S+) (?P<what>compute|memory|tiles)$")
-_UNDECLARED = re.compile(r"^no declared device (?P<what>memory|tiles) for (?P<resource>\S+)$")
-
-
 def _gang_and_priority_hints(facts: Facts, message: str) -> list[str]:
     """CONTRACT §8: a gang waiting for members or for one node to take all of them; a preemption under way."""
     hints: list[str] = []
@@ -178,33 +174,6 @@ def _gang_and_priority_hints(facts: Facts, message: str) -> list[str]:
         hints.append("Its PriorityClass says preemptionPolicy: Never, so it waits for room instead of evicting "
                      "lower-priority groups.")
     return hints
-
-
-def _capacity_hint(
-    reason: str, count: int, spec: Mapping[str, Any], devices: list[inspect_.NodeDevices]
-) -> str | None:
-    """For a sharing group (CONTRACT §7): what each device still offers, or how a node declares capacity."""
-    undeclared = _UNDECLARED.match(reason)
-    if undeclared:
-        resource, what = undeclared.group("resource"), undeclared.group("what")
-        annotation = names.NODE_DEVICE_MEMORY_ANNOTATION if what == "memory" else names.NODE_DEVICE_TILES_ANNOTATION
-        example = '"80Gi"' if what == "memory" else "2"
-        label = names.NVIDIA_GPU_MEMORY_LABEL if what == "memory" else names.INTEL_TILES_LABEL
-        return (f"{count} node(s) declare no device {what} for {resource}: kubectl annotate node NODE "
-                f"{annotation}='{{\"{resource}\": {example}}}' (or run the vendor's feature discovery, "
-                f"which labels {label}).")
-    capacity = _CAPACITY.match(reason)
-    if not capacity:
-        return None
-    resource = capacity.group("resource")
-    share = (spec.get("share") or {}).get(resource) or {}
-    asked = ",".join(f"{k}={v}" for k, v in sorted(share.items())) or "?"
-    left = [f"{n.name}/{d.id} " + (",".join(f"{k}={v}" for k, v in d.left().items()) if d.holders else "free")
-            for n in devices if n.exists and n.shared
-            for d in n.resources.get(resource, ()) if d.in_inventory and (d.left() or not d.holders)]
-    return (f"{count} node(s) have too little {capacity.group('what')} left on their {resource} devices for a "
-            f"share of {asked} on each of {(spec.get('resources') or {}).get(resource, '?')}; left per device "
-            f"that takes shares: {'; '.join(left) or 'none'}. Lower spec.share, or wait for a sharer to go.")
 
 
 def explain(facts: Facts) -> list[str]:
