@@ -234,3 +234,20 @@ async def test_a_share_bigger_than_any_device_says_waiting_will_not_help_and_ski
     assert "left per healthy device that takes shares: gpu-node-0/0 free." in hint  # not the unhealthy GPU 1
     assert "No device has that much memory even when nobody shares it (the largest: 80Gi)" in hint
     assert "waiting will not help" in hint and "wait for a sharer" not in hint
+
+
+async def test_a_gang_short_of_members_counts_them_as_the_group_does_now(
+    cluster: Sandbox, kube: Kube, operator: RunningOperator, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The first member's condition was written when it alone existed; the group's condition is current."""
+    await kube.create_group("ml", "gang", {GPU: 1}, minMembers=3)
+    await kube.create_pod("ml", "gang-0", "gang")
+    await _wait_unschedulable(kube, "ml", "gang-0", "1/3 member pods exist")
+    await kube.create_pod("ml", "gang-1", "gang")
+    await kube.wait_group("ml", "gang", lambda g: any(
+        "2/3 member pods exist" in (c.get("message") or "") for c in (g.get("status") or {}).get("conditions") or []),
+        "the group to count 2 of 3 members")
+    rc, out, _ = await _explain(capsys, cluster, "gang-0", "-n", "ml")
+    assert rc == 0
+    assert "nothing is placed or held until 3 member pods exist; 2 do now, 1 more to create" in out, out
+    assert "2 more to create" not in out

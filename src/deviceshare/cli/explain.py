@@ -157,11 +157,14 @@ def _hints(facts: Facts, message: str) -> list[str]:
 def _gang_and_priority_hints(facts: Facts, message: str) -> list[str]:
     """CONTRACT §8: a gang waiting for members or for one node to take all of them; a preemption under way."""
     hints: list[str] = []
-    waiting = _GANG_WAITING.match(message)
+    # The count as the group's condition has it now: a pod's condition and events were written when the pod
+    # was last tried, before later members existed. The pod's own words only where the group has none.
+    group_condition = _condition(facts.group or {}, names.CONDITION_SCHEDULED)
+    waiting = _GANG_WAITING.match(str((group_condition or {}).get("message") or "") if group_condition else message)
     if waiting:
         missing = int(waiting["needed"]) - int(waiting["present"])
         hints.append(f"The group is a gang (minMembers {waiting['needed']}): nothing is placed or held until "
-                     f"{waiting['needed']} member pods exist; {missing} more to create.")
+                     f"{waiting['needed']} member pods exist; {waiting['present']} do now, {missing} more to create.")
     wide = _GANG_WIDE.match(message)
     if wide:
         hints.append(f"A gang starts on ONE node with room for all {wide['n']} pods at once (their CPU and memory "
