@@ -41,6 +41,9 @@ async def test_demo_binds_every_example_pod_with_wired_devices(
     assert env["llm-0"]["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=24576M"
     assert env["nb-alice"]["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
     assert sorted(env[p]["ZE_AFFINITY_MASK"] for p in ("encode-0", "decode-0")) == ["0.0", "0.1"]
+    # The groups table's SHARE column: a tile group's share, then the tile it holds.
+    assert {re.search(r"tiles=1@0\.[01]", line) is not None for line in out.splitlines()
+            if " encode " in line and " Bound " in line} == {True}
     # schedulingStrategy fgd (examples/fgd-mixed.yaml): the two half-GPU groups close one GPU, not two.
     assert env["embed-0"]["NVIDIA_VISIBLE_DEVICES"] == env["rerank-0"]["NVIDIA_VISIBLE_DEVICES"]
 

@@ -194,7 +194,7 @@ def _print_groups(sandbox: Sandbox, out: Any) -> None:
                           for s in ((g.get("spec") or {}).get("share") or {}).values())
         rows.append((g["metadata"]["namespace"], g["metadata"]["name"], st.get("phase", "-"),
                      st.get("nodeName", "-"), devices or "-",
-                     (share + (f" tiles {','.join(tiles)}" if tiles else "")).replace(" ", "") or "whole",
+                     share + (f"@{','.join(tiles)}" if tiles else "") or "whole",  # tiles=1@0.1: tile 0.1
                      ",".join(st.get("members") or []) or "-"))
     inspect_cmd.print_table(rows, out)
 
