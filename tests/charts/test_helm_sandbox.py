@@ -283,3 +283,19 @@ async def test_a_crd_given_helms_ownership_metadata_is_adopted_by_the_next_upgra
     crd = preloaded.get("customresourcedefinitions", CRD)
     assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"  # the chart's template applied
     assert _helm_owned(crd)
+
+
+@pytest.mark.parametrize(("setting", "crd", "what"), [
+    ("metrics.serviceMonitor.enabled=true", "podmonitors.monitoring.coreos.com", "the Prometheus Operator"),
+    ("metrics.prometheusRule.enabled=true", "prometheusrules.monitoring.coreos.com", "the Prometheus Operator"),
+    ("webhook.certificates=cert-manager", "certificates.cert-manager.io", "cert-manager"),
+])
+async def test_a_value_whose_crd_the_cluster_lacks_is_refused_naming_what_to_install(
+    fresh: Sandbox, setting: str, crd: str, what: str
+) -> None:
+    refused = await run(fresh, "helm", "install", "deviceshare", "charts/deviceshare", "-n", NS, "--create-namespace",
+                        "--set", setting)
+    assert refused.returncode == 1
+    assert f"needs the CustomResourceDefinition {crd}, which this cluster does not have: install {what}" in (
+        refused.stderr), refused.stderr
+    assert fresh.get("deployments", "deviceshare-operator", NS) is None  # nothing half-installed

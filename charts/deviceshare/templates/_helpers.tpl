@@ -100,3 +100,14 @@ Empty when the CRD is absent, is this release's, or there is no cluster to ask (
 {{- if or (ne (get $annotations "meta.helm.sh/release-name") .Release.Name) (ne (get $annotations "meta.helm.sh/release-namespace") .Release.Namespace) }}true{{ end }}
 {{- end }}
 {{- end }}
+
+{{/*
+Fails the install, naming the value and what to install, when a cluster is there to ask (not under
+`helm template`) and it lacks a CRD the value's objects need; the API server would only answer "the server
+could not find the requested resource". Args: root, crd (its name), value (the setting), from (what brings it).
+*/}}
+{{- define "deviceshare.requireCRD" -}}
+{{- if and (lookup "v1" "Namespace" "" "kube-system") (not (lookup "apiextensions.k8s.io/v1" "CustomResourceDefinition" "" .crd)) }}
+{{- fail (printf "%s needs the CustomResourceDefinition %s, which this cluster does not have: install %s first, or leave %s unset" .value .crd .from .value) }}
+{{- end }}
+{{- end }}
