@@ -204,3 +204,15 @@ def test_every_dashboard_and_the_rules_reach_the_chart() -> None:
     for source in [ROOT / "monitoring" / "alerts.yaml", *sorted((ROOT / "monitoring" / "dashboards").glob("*.json"))]:
         link = links / source.relative_to(ROOT / "monitoring")
         assert link.is_symlink() and link.resolve() == source.resolve(), f"link {link} to {source}"
+
+
+def test_runbook_urls_get_the_base_url_a_user_gives() -> None:
+    def runbooks(values: dict[str, str]) -> list[str]:
+        (rule,) = [o for o in rendering.objects(rendering.template_text(values)) if o["kind"] == "PrometheusRule"]
+        return [r["annotations"]["runbook_url"] for g in rule["spec"]["groups"] for r in g["rules"]]
+
+    relative = runbooks({"metrics.prometheusRule.enabled": "true"})
+    assert relative and all(url.startswith("docs/troubleshooting.md#") for url in relative)
+    base = "https://github.com/example/deviceshare/blob/v0.1.0/"
+    assert runbooks({"metrics.prometheusRule.enabled": "true", "metrics.prometheusRule.runbookBaseURL": base}) == [
+        base + url for url in relative]
