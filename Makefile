@@ -32,7 +32,7 @@ lint: $(STAMP)
 
 # The pinned Helm 4 the chart tests use (tests/charts/helm_binary.py): fetched once, hash-checked, cached.
 helm: $(STAMP)
-	@$(BIN)/python -m tests.charts.helm_binary >/dev/null
+	@$(BIN)/python -m tests.charts.helm_binary
 
 manifests: helm
 	$(BIN)/python -m tests.charts.rendering

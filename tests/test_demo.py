@@ -4,12 +4,20 @@ from __future__ import annotations
 
 import argparse
 import re
+import shutil
+import subprocess
+import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
 
+from deviceshare import cli
 from deviceshare.cli import demo
 from tests import waiting
+
+# What a wheel of the package is built from (pyproject.toml and the folders its package data links to).
+BUILT_FROM = ("pyproject.toml", "README.md", "src", "crds", "examples", "manifests")
 
 
 async def test_demo_binds_every_example_pod_with_wired_devices(
@@ -37,5 +45,92 @@ async def test_demo_binds_every_example_pod_with_wired_devices(
     assert env["llm-0"]["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=24576M"
     assert env["nb-alice"]["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
     assert sorted(env[p]["ZE_AFFINITY_MASK"] for p in ("encode-0", "decode-0")) == ["0.0", "0.1"]
+    # The groups table's SHARE column: a tile group's share, then the tile it holds.
+    assert {re.search(r"tiles=1@0\.[01]", line) is not None for line in out.splitlines()
+            if " encode " in line and " Bound " in line} == {True}
     # schedulingStrategy fgd (examples/fgd-mixed.yaml): the two half-GPU groups close one GPU, not two.
     assert env["embed-0"]["NVIDIA_VISIBLE_DEVICES"] == env["rerank-0"]["NVIDIA_VISIBLE_DEVICES"]
+
+
+@pytest.fixture(scope="module")
+def pip_installed(tmp_path_factory: pytest.TempPathFactory, repo_root: Path) -> Path:
+    """A virtualenv outside the checkout with deviceshare pip-installed from a wheel of it, as a user gets it.
+
+    The wheel is built from a copy of the checkout (the build writes nothing into it); the dependencies
+    are this venv's, reached through a .pth line (which, unlike a site dir, runs none of its .pth files:
+    the editable install of the checkout stays out of sight).
+    """
+    tmp = tmp_path_factory.mktemp("pip-user")
+    source = tmp / "source"
+    for name in BUILT_FROM:
+        origin = repo_root / name
+        if origin.is_dir():
+            shutil.copytree(origin, source / name, symlinks=True,
+                            ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+        else:
+            source.mkdir(exist_ok=True)
+            shutil.copy2(origin, source / name)
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+    subprocess.run([*pip, "wheel", "--no-deps", "-w", str(tmp / "wheels"), str(source)], check=True, timeout=300,
+                   capture_output=True)
+    venv = tmp / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          check=True, capture_output=True, text=True).stdout.strip()
+    (Path(site) / "deviceshare-test-dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    (wheel,) = (tmp / "wheels").glob("deviceshare-*.whl")
+    subprocess.run([*pip, "--python", str(python), "install", "--no-deps", "--no-index", str(wheel)], check=True,
+                   timeout=300, capture_output=True)
+    return venv
+
+
+def test_a_pip_installed_demo_run_from_another_folder_binds_every_example_pod(
+    pip_installed: Path, tmp_path: Path
+) -> None:
+    """The examples and admission policies ship in the package: nothing is read from the checkout."""
+    python = str(pip_installed / "bin" / "python")
+    where = subprocess.run([python, "-c", "import deviceshare; print(deviceshare.__file__)"],
+                           check=True, capture_output=True, text=True, cwd=tmp_path).stdout
+    assert where.startswith(str(pip_installed))
+    ran = subprocess.run([str(pip_installed / "bin" / "deviceshare"), "demo", "--timeout", str(waiting.HANG_GUARD)],
+                         capture_output=True, text=True, cwd=tmp_path, timeout=150)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert "admission policies: " in ran.stdout
+    total = re.search(r"(\d+)/(\d+) pods bound", ran.stdout)
+    assert total and total.group(1) == total.group(2) and int(total.group(1)) >= 20, ran.stdout
+    assert ran.stderr == ""
+
+
+def test_a_demo_with_no_pods_to_bind_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "nodes.yaml").write_text("apiVersion: v1\nkind: Node\nmetadata: {name: gpu-node-1}\n")
+    assert cli.main(["demo", "--examples", str(tmp_path)]) == cli.EXIT_CONFIG
+    assert "no Pod or Deployment" in capsys.readouterr().err
+    assert cli.main(["demo", "--examples", str(tmp_path / "absent")]) == cli.EXIT_CONFIG
+    assert "no such folder" in capsys.readouterr().err
+
+
+IMPOSSIBLE = """\
+apiVersion: deviceshare.io/v1alpha1
+kind: SharedDeviceGroup
+metadata: {name: too-big, namespace: default}
+spec: {resources: {nvidia.com/gpu: 64}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: too-big-0, namespace: default, annotations: {deviceshare.io/device-group: too-big}}
+spec: {containers: [{name: main, image: busybox}]}
+"""
+
+
+async def test_a_demo_that_binds_nothing_fails_naming_the_pods(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "examples").mkdir()
+    (tmp_path / "examples" / "too-big.yaml").write_text(IMPOSSIBLE)  # 64 GPUs on a node of 8
+    args = argparse.Namespace(nodes=2, gpus=8, examples=tmp_path / "examples", kubeconfig=tmp_path / "kubeconfig",
+                              timeout=1.0, keep_running=False)
+    assert await demo.demo(args) == 1
+    captured = capsys.readouterr()
+    assert "0/1 pods bound" in captured.out
+    assert "not bound within --timeout 1s: default/too-big-0" in captured.err

@@ -244,7 +244,8 @@ def crd_accepts(spec: dict[str, Any]) -> bool:
     from deviceshare.sandbox import schema
 
     root = version_schema()
-    body = schema.prune_and_default(root, {"apiVersion": names.API_VERSION, "kind": names.KIND, "spec": spec})
+    body = schema.prune_and_default(root, {"apiVersion": names.API_VERSION, "kind": names.KIND,
+                                           "metadata": {"name": "g", "namespace": "ml"}, "spec": spec})
     return schema.check(root, body, None) == []
 
 

@@ -4,9 +4,11 @@ The chart (``charts/deviceshare``) is the one source of the install's objects. `
 :func:`write` to render, from the very templates Helm installs, the kustomize base's resource files
 (``manifests/base/<template>.yaml``) and the cert-manager overlay's ``certificates.yaml``:
 ``webhook.certificates=external`` (the overlays bring the certificate), ``crds.enabled=false`` (the base
-takes ``crds/`` directly), Helm's own labels left out. :func:`stale` tells which committed files differ
-from a fresh rendering; tests/charts fails on any. The CRD's one source is ``crds/``: the chart reads it
-through the link ``files/crds/shareddevicegroups.yaml``. Files of the base that no template renders
+takes ``crds/`` directly), Helm's own labels left out. It also copies into the chart's ``files/`` the
+sources the chart reads: ``crds/shareddevicegroups.yaml``, ``monitoring/alerts.yaml`` and
+``monitoring/dashboards/*.json`` (copies, not links: Helm reports every link it follows on every command, and
+a chart of plain files works wherever it is copied). :func:`stale` tells which committed files differ
+from a fresh rendering or copy; tests/charts fails on any. Files of the base that no template renders
 (``kustomization.yaml``, ``namespace.yaml``) are kustomize's own and written by hand.
 
 ``python -m tests.charts.rendering`` rewrites the files (``--check``: only reports stale ones).
@@ -93,7 +95,14 @@ def rendered_files() -> dict[Path, str]:
                                      ({**agent, "mps.enabled": "true"}, "mps-daemon.yaml", ("overlays", "mps"))):
         docs = by_template(template_text(values, "--show-only", f"templates/{template}"))[template]
         files[ROOT.joinpath("manifests", *folder, template)] = _file(template, docs)
-    return files
+    return {**files, **chart_sources()}
+
+
+def chart_sources() -> dict[Path, str]:
+    """The chart's ``files/`` copies of the files it reads -> their sources' content."""
+    sources = [ROOT / "crds" / "shareddevicegroups.yaml", ROOT / "monitoring" / "alerts.yaml",
+               *sorted((ROOT / "monitoring" / "dashboards").glob("*.json"))]
+    return {CHART / "files" / source.relative_to(ROOT): source.read_text() for source in sources}
 
 
 def stale() -> list[Path]:

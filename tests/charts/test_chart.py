@@ -79,8 +79,8 @@ def test_the_crd_is_crds_folder_and_helm_keeps_it(chart_objects: dict[str, list[
         "metadata"]
     assert not kube_objects.select(rendering.objects(rendering.template_text({"crds.enabled": "false"})),
                                    "CustomResourceDefinition")
-    link = CHART / "files" / "crds" / "shareddevicegroups.yaml"
-    assert link.is_symlink() and link.resolve() == (ROOT / "crds" / "shareddevicegroups.yaml").resolve()
+    copy = CHART / "files" / "crds" / "shareddevicegroups.yaml"
+    assert copy.read_text() == (ROOT / "crds" / "shareddevicegroups.yaml").read_text()  # `make manifests` copies it
 
 
 def test_the_kustomize_files_are_rendered_from_the_current_chart() -> None:
@@ -91,7 +91,8 @@ def test_the_kustomize_files_are_rendered_from_the_current_chart() -> None:
 def test_a_hand_edit_of_a_rendered_file_is_caught(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The check above can fail: a copy of the repository with one base value changed is stale."""
     fake = tmp_path / "repo"
-    shutil.copytree(ROOT / "manifests", fake / "manifests", dirs_exist_ok=True)
+    for folder in ("manifests", "crds", "monitoring"):  # the rendered files, and the sources the chart copies
+        shutil.copytree(ROOT / folder, fake / folder, dirs_exist_ok=True)
     operator = fake / "manifests" / "base" / "operator.yaml"
     operator.write_text(operator.read_text().replace("replicas: 2", "replicas: 3", 1))
     monkeypatch.setattr(rendering, "ROOT", fake)
@@ -200,7 +201,24 @@ def test_the_chart_installs_what_monitoring_manifests_install() -> None:
 
 
 def test_every_dashboard_and_the_rules_reach_the_chart() -> None:
-    links = CHART / "files" / "monitoring"
+    copies = CHART / "files" / "monitoring"
     for source in [ROOT / "monitoring" / "alerts.yaml", *sorted((ROOT / "monitoring" / "dashboards").glob("*.json"))]:
-        link = links / source.relative_to(ROOT / "monitoring")
-        assert link.is_symlink() and link.resolve() == source.resolve(), f"link {link} to {source}"
+        copy = copies / source.relative_to(ROOT / "monitoring")
+        assert copy.read_text() == source.read_text(), f"run `make manifests`: {copy} differs from {source}"
+
+
+def test_the_chart_holds_no_symbolic_link() -> None:
+    """Helm logs `found symbolic link in path` for each link it follows, on every command a user runs."""
+    assert not [p for p in CHART.rglob("*") if p.is_symlink()]
+
+
+def test_runbook_urls_get_the_base_url_a_user_gives() -> None:
+    def runbooks(values: dict[str, str]) -> list[str]:
+        (rule,) = [o for o in rendering.objects(rendering.template_text(values)) if o["kind"] == "PrometheusRule"]
+        return [r["annotations"]["runbook_url"] for g in rule["spec"]["groups"] for r in g["rules"]]
+
+    relative = runbooks({"metrics.prometheusRule.enabled": "true"})
+    assert relative and all(url.startswith("docs/troubleshooting.md#") for url in relative)
+    base = "https://github.com/example/deviceshare/blob/v0.1.0/"
+    assert runbooks({"metrics.prometheusRule.enabled": "true", "metrics.prometheusRule.runbookBaseURL": base}) == [
+        base + url for url in relative]

@@ -83,6 +83,8 @@ async def test_install_and_uninstall_with_helm_defaults(fresh: Sandbox) -> None:
     installed = await run(fresh, "helm", "install", "deviceshare", "charts/deviceshare", "-n", NS, "--create-namespace")
     assert installed.returncode == 0, installed.stderr
     assert "STATUS: deployed" in installed.stdout and "kubectl get sdg -A" in installed.stdout  # NOTES.txt
+    assert "symbolic link" not in installed.stderr  # the chart is plain files: Helm has no link to report
+    assert "restartPolicy: Never" in installed.stdout  # the notes' first pod lists its GPUs once, then is done
     operator = fresh.get("deployments", "deviceshare-operator", NS)
     assert operator is not None and _helm_owned(operator)  # applied server-side, by the field manager "helm"
     assert fresh.get("customresourcedefinitions", "shareddevicegroups.deviceshare.io") is not None
@@ -236,3 +238,65 @@ async def test_a_kustomize_install_moves_to_the_chart(fresh: Sandbox) -> None:
     later = await run(fresh, "helm", "upgrade", "deviceshare", *chart, "--set", "operator.replicas=2")
     assert later.returncode == 0, later.stderr  # replicas is Helm's alone now
     assert fresh.get("deployments", "deviceshare-operator", NS)["spec"]["replicas"] == 2
+
+
+@pytest.fixture
+async def preloaded(tmp_path: Path) -> AsyncIterator[Sandbox]:
+    """A sandbox as `deviceshare sandbox` starts it: the CRD already there, without Helm's ownership metadata."""
+    async with Sandbox(nodes=2, gpus=4, kubeconfig_path=tmp_path / "kubeconfig", kubelet_delay=0.01) as cluster:
+        yield cluster
+
+
+CRD = "shareddevicegroups.deviceshare.io"
+
+
+async def test_the_documented_install_on_the_sandbox_leaves_its_crd_alone(preloaded: Sandbox) -> None:
+    """docs/install.md's command on the documented sandbox: install, upgrade and uninstall exit 0; the CRD
+    another owner put there stays as it was (Helm would refuse to import it), and the notes say so."""
+    before = preloaded.get("customresourcedefinitions", CRD)
+    assert before is not None and "meta.helm.sh/release-name" not in (before["metadata"].get("annotations") or {})
+    chart = ("charts/deviceshare", "-n", NS)
+    installed = await run(preloaded, "helm", "install", "deviceshare", *chart, "--create-namespace")
+    assert installed.returncode == 0, installed.stderr
+    assert "STATUS: deployed" in installed.stdout and "already in the cluster" in installed.stdout
+    assert "kubectl apply --server-side -f crds/" in installed.stdout
+    upgraded = await run(preloaded, "helm", "upgrade", "deviceshare", *chart, "--set", "operator.replicas=1")
+    assert upgraded.returncode == 0, upgraded.stderr
+    assert preloaded.get("customresourcedefinitions", CRD)["metadata"] == before["metadata"]
+    removed = await run(preloaded, "helm", "uninstall", "deviceshare", "-n", NS)
+    assert removed.returncode == 0, removed.stderr
+    assert preloaded.get("customresourcedefinitions", CRD) is not None
+
+
+async def test_a_crd_given_helms_ownership_metadata_is_adopted_by_the_next_upgrade(preloaded: Sandbox) -> None:
+    """docs/install.md's adoption: label and annotate the CRD as Helm's, and `helm upgrade` manages it."""
+    chart = ("charts/deviceshare", "-n", NS)
+    installed = await run(preloaded, "helm", "install", "deviceshare", *chart, "--create-namespace")
+    assert installed.returncode == 0, installed.stderr
+    for command in (("kubectl", "label", "crd", CRD, "app.kubernetes.io/managed-by=Helm"),
+                    ("kubectl", "annotate", "crd", CRD, "meta.helm.sh/release-name=deviceshare",
+                     f"meta.helm.sh/release-namespace={NS}")):
+        done = await run(preloaded, *command)
+        assert done.returncode == 0, done.stderr
+    upgraded = await run(preloaded, "helm", "upgrade", "deviceshare", *chart)
+    assert upgraded.returncode == 0, upgraded.stderr
+    assert "managed by this release, kept on uninstall" in upgraded.stdout
+    crd = preloaded.get("customresourcedefinitions", CRD)
+    assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"  # the chart's template applied
+    assert _helm_owned(crd)
+
+
+@pytest.mark.parametrize(("setting", "crd", "what"), [
+    ("metrics.serviceMonitor.enabled=true", "podmonitors.monitoring.coreos.com", "the Prometheus Operator"),
+    ("metrics.prometheusRule.enabled=true", "prometheusrules.monitoring.coreos.com", "the Prometheus Operator"),
+    ("webhook.certificates=cert-manager", "certificates.cert-manager.io", "cert-manager"),
+])
+async def test_a_value_whose_crd_the_cluster_lacks_is_refused_naming_what_to_install(
+    fresh: Sandbox, setting: str, crd: str, what: str
+) -> None:
+    refused = await run(fresh, "helm", "install", "deviceshare", "charts/deviceshare", "-n", NS, "--create-namespace",
+                        "--set", setting)
+    assert refused.returncode == 1
+    assert f"needs the CustomResourceDefinition {crd}, which this cluster does not have: install {what}" in (
+        refused.stderr), refused.stderr
+    assert fresh.get("deployments", "deviceshare-operator", NS) is None  # nothing half-installed

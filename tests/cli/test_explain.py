@@ -6,12 +6,14 @@ Each case is set up on a sandbox with the real operator, so the reasons are the 
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from typing import Any
 
 import pytest
 
 from deviceshare import cli
+from deviceshare.api import names
 from deviceshare.cli import explain
 from deviceshare.sandbox import Sandbox
 from tests.operator.conftest import RunningOperator
@@ -181,3 +183,71 @@ async def test_nodes_without_declared_memory_are_told_how_to_declare_it(
 ])
 def test_split_reasons(message: str, expected: dict[str, int]) -> None:
     assert explain.split_reasons(message) == expected
+
+
+async def test_pods_that_skipped_the_webhook_get_the_operators_reason_and_no_contradiction(
+    cluster: Sandbox, kube: Kube, operator: RunningOperator, capsys: pytest.CaptureFixture[str]
+) -> None:
+    await kube.create_group("ml", "trainer", {GPU: 1})
+    await kube.create_pod("ml", "trainer-0", "trainer", scheduler="default-scheduler")  # as if no webhook ran
+    await kube.wait_group("ml", "trainer", lambda g: any(
+        c.get("reason") == "PodsSkippedWebhook" for c in (g.get("status") or {}).get("conditions") or []),
+        "the PodsSkippedWebhook condition")
+    rc, out, _ = await _explain(capsys, cluster, "trainer-0", "-n", "ml")
+    assert rc == 0
+    assert "condition Scheduled=False (PodsSkippedWebhook)" in out
+    assert "delete and recreate the pods" in out
+    assert "recorded no reason yet" not in out
+
+
+async def test_a_deleted_group_with_running_members_says_it_waits_for_them(
+    cluster: Sandbox, kube: Kube, operator: RunningOperator, capsys: pytest.CaptureFixture[str]
+) -> None:
+    await kube.create_group("ml", "gang", {GPU: 1})
+    await kube.create_pod("ml", "gang-0", "gang")
+    await kube.wait_bound("ml", "gang-0")
+    await kube.delete_group("ml", "gang")
+    await kube.wait_group("ml", "gang", lambda g: (g.get("status") or {}).get("phase") == "Releasing", "Releasing")
+    rc, out, _ = await _explain(capsys, cluster, "gang-0", "-n", "ml")
+    assert rc == 0
+    assert "The group is being deleted, and keeps its devices until its member pods are gone (gang-0)" in out
+    assert "kubectl delete pod -n ml gang-0" in out
+    rc = await asyncio.to_thread(cli.main, ["inspect", "--kubeconfig", str(cluster.kubeconfig)])
+    shown = capsys.readouterr().out
+    assert rc == 0
+    assert "ml/gang: Deleting: keeps its devices until its member pods are gone (gang-0)" in shown
+    assert "ml/gang: Bound" not in shown
+
+
+@pytest.mark.parametrize("sandbox_options", [{"nodes": 1, "gpus": 2}])
+async def test_a_share_bigger_than_any_device_says_waiting_will_not_help_and_skips_unhealthy_devices(
+    cluster: Sandbox, kube: Kube, operator: RunningOperator, capsys: pytest.CaptureFixture[str]
+) -> None:
+    await kube.patch_node("gpu-node-0", {"metadata": {"annotations": {
+        names.NODE_HEALTH_ANNOTATION: json.dumps({GPU: ["1"]})}}})
+    await kube.create_group("ml", "huge", {GPU: 1}, share={GPU: {"memory": "99999999999999999999999999Ei"}})
+    await kube.create_pod("ml", "huge-0", "huge")
+    await _wait_unschedulable(kube, "ml", "huge-0", "insufficient nvidia.com/gpu memory")
+    rc, out, _ = await _explain(capsys, cluster, "huge-0", "-n", "ml")
+    assert rc == 0
+    hint = next(line for line in out.splitlines() if "too little memory" in line)
+    assert "left per healthy device that takes shares: gpu-node-0/0 free." in hint  # not the unhealthy GPU 1
+    assert "No device has that much memory even when nobody shares it (the largest: 80Gi)" in hint
+    assert "waiting will not help" in hint and "wait for a sharer" not in hint
+
+
+async def test_a_gang_short_of_members_counts_them_as_the_group_does_now(
+    cluster: Sandbox, kube: Kube, operator: RunningOperator, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The first member's condition was written when it alone existed; the group's condition is current."""
+    await kube.create_group("ml", "gang", {GPU: 1}, minMembers=3)
+    await kube.create_pod("ml", "gang-0", "gang")
+    await _wait_unschedulable(kube, "ml", "gang-0", "1/3 member pods exist")
+    await kube.create_pod("ml", "gang-1", "gang")
+    await kube.wait_group("ml", "gang", lambda g: any(
+        "2/3 member pods exist" in (c.get("message") or "") for c in (g.get("status") or {}).get("conditions") or []),
+        "the group to count 2 of 3 members")
+    rc, out, _ = await _explain(capsys, cluster, "gang-0", "-n", "ml")
+    assert rc == 0
+    assert "nothing is placed or held until 3 member pods exist; 2 do now, 1 more to create" in out, out
+    assert "2 more to create" not in out

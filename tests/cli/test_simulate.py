@@ -148,3 +148,29 @@ def test_replay_is_deterministic_per_seed_and_differs_between_seeds() -> None:
         assert (a.curve, a.placed, a.decisions) == (b.curve, b.placed, b.decisions), policy
     curves = {tuple(sorted(experiment.run_seed(nodes, pods, "fgd", s, 1.3).curve.items())) for s in range(42, 47)}
     assert len(curves) > 1
+
+
+def test_plot_without_matplotlib_is_refused_before_simulating(
+    trace: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
+    monkeypatch.setitem(__import__("sys").modules, "matplotlib", None)  # `import matplotlib` fails as if absent
+    nodes, pods = trace
+    code, out, err = simulate(capsys, "--nodes", str(nodes), "--pods", str(pods), "--seeds", "1", "--jobs", "1",
+                              "--plot", str(tmp_path / "alloc.png"))
+    assert code == 2 and "--plot needs matplotlib" in err
+    assert out == "" and not (tmp_path / "alloc.png").exists()  # no table: nothing was simulated
+
+
+def test_nodes_and_pods_are_asked_for_when_no_trace_sits_beside_the_checkout(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit):
+        cli.main(["simulate", "--help"])
+    assert "[--nodes NODES] [--pods PODS]" in " ".join(capsys.readouterr().out.split())
+    code, _, err = simulate(capsys, "--seeds", "1")
+    assert code == 2 and "--nodes is needed: no openb trace at" in err

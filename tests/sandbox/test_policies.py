@@ -157,3 +157,21 @@ async def test_a_policy_sees_whether_the_request_is_a_dry_run(http: Http) -> Non
     status, error = await http.call("POST", PODS, pod("tried"), params={"dryRun": "All"})
     assert status == 422 and "no dry runs here" in error["message"], error
     assert (await http.call("POST", PODS, pod("kept")))[0] == 201
+
+
+async def test_the_schema_answers_a_malformed_object_before_validating_admission(http: Http) -> None:
+    """kube-apiserver validates the object (rest.BeforeCreate/BeforeUpdate) before calling validating admission:
+    a group whose resources are not numbers gets the schema's message, not a policy's or a webhook's."""
+    everything = policy("no-groups", "false", message="denied by the policy", resources=["shareddevicegroups"])
+    everything["spec"]["matchConstraints"]["resourceRules"][0]["apiGroups"] = ["deviceshare.io"]
+    everything["spec"]["matchConstraints"]["resourceRules"][0]["apiVersions"] = ["v1alpha1"]
+    await install(http, everything, binding("no-groups"))
+    groups = "/apis/deviceshare.io/v1alpha1/namespaces/default/shareddevicegroups"
+    bad = {"apiVersion": "deviceshare.io/v1alpha1", "kind": "SharedDeviceGroup",
+           "metadata": {"name": "g", "namespace": "default"}, "spec": {"resources": {"nvidia.com/gpu": "two"}}}
+    status, answer = await http.call("POST", groups, bad)
+    assert (status, answer["reason"]) == (422, "Invalid"), answer
+    assert "must be of type integer" in answer["message"] and "denied by the policy" not in answer["message"]
+    good = {**bad, "spec": {"resources": {"nvidia.com/gpu": 1}}}
+    status, answer = await http.call("POST", groups, good)
+    assert status == 422 and "denied by the policy" in answer["message"]  # the policy does run on a valid group

@@ -156,6 +156,21 @@ async def test_names_must_be_dns_subdomains(http: Http) -> None:
     assert status == 422 and "metadata.name" in error["message"]
 
 
+@pytest.mark.parametrize("name", ["team.a", "g" * 70, "a" * 64])
+async def test_a_name_no_pod_can_join_is_refused_saying_why(http: Http, name: str) -> None:
+    """Object names may hold '.' and 253 characters; a pod's group annotation takes a DNS-1123 label only."""
+    status, error = await http.call("POST", SDG, sdg(name))
+    assert (status, error["reason"]) == (422, "Invalid"), error
+    assert "a group's name must be a DNS-1123 label" in error["message"]
+    assert "deviceshare.io/device-group annotation" in error["message"]
+
+
+@pytest.mark.parametrize("name", ["team-a", "a" * 63, "0"])
+async def test_a_name_pods_can_join_is_accepted(http: Http, name: str) -> None:
+    status, created = await http.call("POST", SDG, sdg(name))
+    assert status == 201, created
+
+
 @pytest.mark.parametrize(
     ("spec", "accepted"),
     [

@@ -86,3 +86,28 @@ annotations:
 {{- fail "operator.replicas > 1 needs operator.leaderElect: true (two schedulers would place groups twice)" }}
 {{- end }}
 {{- end }}
+
+{{/*
+"true" when the cluster already has the SharedDeviceGroup CRD and another owner put it there (`kubectl
+apply -f crds/`, `deviceshare sandbox`, another release): Helm refuses to adopt an object without its
+ownership metadata (meta.helm.sh/release-name and -namespace), so the chart leaves that CRD alone.
+Empty when the CRD is absent, is this release's, or there is no cluster to ask (`helm template`).
+*/}}
+{{- define "deviceshare.crdOwnedElsewhere" -}}
+{{- $crd := lookup "apiextensions.k8s.io/v1" "CustomResourceDefinition" "" "shareddevicegroups.deviceshare.io" }}
+{{- if $crd }}
+{{- $annotations := $crd.metadata.annotations | default dict }}
+{{- if or (ne (get $annotations "meta.helm.sh/release-name") .Release.Name) (ne (get $annotations "meta.helm.sh/release-namespace") .Release.Namespace) }}true{{ end }}
+{{- end }}
+{{- end }}
+
+{{/*
+Fails the install, naming the value and what to install, when a cluster is there to ask (not under
+`helm template`) and it lacks a CRD the value's objects need; the API server would only answer "the server
+could not find the requested resource". Args: root, crd (its name), value (the setting), from (what brings it).
+*/}}
+{{- define "deviceshare.requireCRD" -}}
+{{- if and (lookup "v1" "Namespace" "" "kube-system") (not (lookup "apiextensions.k8s.io/v1" "CustomResourceDefinition" "" .crd)) }}
+{{- fail (printf "%s needs the CustomResourceDefinition %s, which this cluster does not have: install %s first, or leave %s unset" .value .crd .from .value) }}
+{{- end }}
+{{- end }}

@@ -14,16 +14,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import importlib.resources
 import logging
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from deviceshare import errors
 from deviceshare.api import names
 from deviceshare.cli import handoverview
 from deviceshare.cli import inspect as inspect_cmd
@@ -32,14 +35,19 @@ from deviceshare.operator.config import OperatorConfig
 if TYPE_CHECKING:
     from deviceshare.sandbox.cluster import Sandbox
 
-ROOT = Path(__file__).resolve().parents[3]
+# What the demo needs ships in the package (deviceshare/data links to examples/ and manifests/base in a
+# checkout), so a pip-installed `deviceshare demo` runs the same from any folder.
+PACKAGED = importlib.resources.files("deviceshare") / "data"
+EXAMPLES = PACKAGED / "examples"
+ADMISSION_POLICIES = PACKAGED / "policies" / "admission-policy.yaml"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nodes", type=int, default=4, help="simulated GPU nodes")
     parser.add_argument("--gpus", type=int, default=8, help="GPUs per node")
     parser.add_argument(
-        "--examples", type=Path, default=ROOT / "examples", help="folder of example manifests to apply"
+        "--examples", type=Path, default=EXAMPLES,
+        help="folder of example manifests to apply (default: the examples packaged with deviceshare)",
     )
     parser.add_argument(
         "--kubeconfig", metavar="FILE", type=Path, default=Path(".sandbox/demo-kubeconfig"),
@@ -64,19 +72,21 @@ def run(args: argparse.Namespace) -> int:
         return 130
 
 
-def _manifests(folder: Path) -> list[dict[str, Any]]:
+def _manifests(folder: Traversable) -> list[dict[str, Any]]:
+    """The folder's objects but Nodes; refused up front when none of them makes a pod (nothing to show)."""
+    if not folder.is_dir():
+        raise errors.ConfigError(f"--examples {folder}: no such folder")
     docs: list[dict[str, Any]] = []
-    for path in sorted(folder.glob("*.yaml")):
+    for path in sorted((p for p in folder.iterdir() if p.name.endswith(".yaml")), key=lambda p: p.name):
         docs.extend(d for d in yaml.safe_load_all(path.read_text()) if isinstance(d, dict))
+    if not any(d.get("kind") in ("Pod", "Deployment") for d in docs):
+        raise errors.ConfigError(f"--examples {folder}: no Pod or Deployment in its *.yaml files, nothing to bind")
     return [d for d in docs if d.get("kind") != "Node"]  # the sandbox brings its own nodes
 
 
 def _admission_policies() -> list[dict[str, Any]]:
-    """manifests/base's ValidatingAdmissionPolicies and bindings, when run from a source checkout."""
-    path = Path(__file__).resolve().parents[3] / "manifests" / "base" / "admission-policy.yaml"
-    if not path.exists():
-        return []
-    return [d for d in yaml.safe_load_all(path.read_text()) if isinstance(d, dict)]
+    """manifests/base's ValidatingAdmissionPolicies and bindings, as packaged with deviceshare."""
+    return [d for d in yaml.safe_load_all(ADMISSION_POLICIES.read_text()) if isinstance(d, dict)]
 
 
 async def demo(args: argparse.Namespace) -> int:
@@ -89,6 +99,7 @@ async def demo(args: argparse.Namespace) -> int:
 
     started = time.perf_counter()
     out = sys.stdout
+    manifests = _manifests(args.examples)  # before starting anything: a folder with no pods is refused
     async with contextlib.AsyncExitStack() as stack:
         sandbox = await stack.enter_async_context(
             Sandbox(nodes=args.nodes, gpus=args.gpus, kubeconfig_path=args.kubeconfig.resolve(),
@@ -130,7 +141,7 @@ async def demo(args: argparse.Namespace) -> int:
         print(f"operator: scheduling as {config.scheduler_name}", file=out)
 
         pods: list[tuple[str, str]] = []
-        for obj in _manifests(args.examples):
+        for obj in manifests:
             if obj.get("kind") == "Deployment":
                 await applying.apply(api, obj)
                 replicas = int((obj.get("spec") or {}).get("replicas", 1))
@@ -155,7 +166,11 @@ async def demo(args: argparse.Namespace) -> int:
             print(f"\ncluster kept running: export KUBECONFIG={sandbox.kubeconfig}; Ctrl-C to stop", file=out)
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.Event().wait()
-        return 0 if len(bound) == len(pods) else 1
+        if len(bound) < len(pods):
+            waiting = ", ".join(f"{ns}/{n}" for ns, n in pods if (ns, n) not in bound)
+            print(f"deviceshare demo: not bound within --timeout {args.timeout:g}s: {waiting}", file=sys.stderr)
+            return 1
+        return 0
 
 
 async def _wait_bound(
@@ -185,7 +200,7 @@ def _print_groups(sandbox: Sandbox, out: Any) -> None:
                           for s in ((g.get("spec") or {}).get("share") or {}).values())
         rows.append((g["metadata"]["namespace"], g["metadata"]["name"], st.get("phase", "-"),
                      st.get("nodeName", "-"), devices or "-",
-                     (share + (f" tiles {','.join(tiles)}" if tiles else "")).replace(" ", "") or "whole",
+                     share + (f"@{','.join(tiles)}" if tiles else "") or "whole",  # tiles=1@0.1: tile 0.1
                      ",".join(st.get("members") or []) or "-"))
     inspect_cmd.print_table(rows, out)
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from deviceshare.api import names
-from deviceshare.cli import handoverview, linkview
+from deviceshare.cli import capacityhints, handoverview, linkview
 from deviceshare.cli import inspect as inspect_
 from deviceshare.core import inventory, reasons
 
@@ -103,7 +103,7 @@ def _hints(facts: Facts, message: str) -> list[str]:
         hints.append(f"The group is full (maxMembers {spec.get('maxMembers')}; other members: "
                      f"{', '.join(others) or 'none'}). Raise spec.maxMembers or delete a member.")
     for reason, count in split_reasons(message).items():
-        share_hint = _capacity_hint(reason, count, spec, devices)
+        share_hint = capacityhints.capacity_hint(reason, count, spec, devices)
         if share_hint:
             hints.append(share_hint)
         elif reason.startswith("insufficient "):
@@ -154,18 +154,17 @@ def _hints(facts: Facts, message: str) -> list[str]:
     return hints
 
 
-_CAPACITY = re.compile(r"^insufficient (?P<resource>\S+) (?P<what>compute|memory|tiles)$")
-_UNDECLARED = re.compile(r"^no declared device (?P<what>memory|tiles) for (?P<resource>\S+)$")
-
-
 def _gang_and_priority_hints(facts: Facts, message: str) -> list[str]:
     """CONTRACT §8: a gang waiting for members or for one node to take all of them; a preemption under way."""
     hints: list[str] = []
-    waiting = _GANG_WAITING.match(message)
+    # The count as the group's condition has it now: a pod's condition and events were written when the pod
+    # was last tried, before later members existed. The pod's own words only where the group has none.
+    group_condition = _condition(facts.group or {}, names.CONDITION_SCHEDULED)
+    waiting = _GANG_WAITING.match(str((group_condition or {}).get("message") or "") if group_condition else message)
     if waiting:
         missing = int(waiting["needed"]) - int(waiting["present"])
         hints.append(f"The group is a gang (minMembers {waiting['needed']}): nothing is placed or held until "
-                     f"{waiting['needed']} member pods exist; {missing} more to create.")
+                     f"{waiting['needed']} member pods exist; {waiting['present']} do now, {missing} more to create.")
     wide = _GANG_WIDE.match(message)
     if wide:
         hints.append(f"A gang starts on ONE node with room for all {wide['n']} pods at once (their CPU and memory "
@@ -178,33 +177,6 @@ def _gang_and_priority_hints(facts: Facts, message: str) -> list[str]:
         hints.append("Its PriorityClass says preemptionPolicy: Never, so it waits for room instead of evicting "
                      "lower-priority groups.")
     return hints
-
-
-def _capacity_hint(
-    reason: str, count: int, spec: Mapping[str, Any], devices: list[inspect_.NodeDevices]
-) -> str | None:
-    """For a sharing group (CONTRACT §7): what each device still offers, or how a node declares capacity."""
-    undeclared = _UNDECLARED.match(reason)
-    if undeclared:
-        resource, what = undeclared.group("resource"), undeclared.group("what")
-        annotation = names.NODE_DEVICE_MEMORY_ANNOTATION if what == "memory" else names.NODE_DEVICE_TILES_ANNOTATION
-        example = '"80Gi"' if what == "memory" else "2"
-        label = names.NVIDIA_GPU_MEMORY_LABEL if what == "memory" else names.INTEL_TILES_LABEL
-        return (f"{count} node(s) declare no device {what} for {resource}: kubectl annotate node NODE "
-                f"{annotation}='{{\"{resource}\": {example}}}' (or run the vendor's feature discovery, "
-                f"which labels {label}).")
-    capacity = _CAPACITY.match(reason)
-    if not capacity:
-        return None
-    resource = capacity.group("resource")
-    share = (spec.get("share") or {}).get(resource) or {}
-    asked = ",".join(f"{k}={v}" for k, v in sorted(share.items())) or "?"
-    left = [f"{n.name}/{d.id} " + (",".join(f"{k}={v}" for k, v in d.left().items()) if d.holders else "free")
-            for n in devices if n.exists and n.shared
-            for d in n.resources.get(resource, ()) if d.in_inventory and (d.left() or not d.holders)]
-    return (f"{count} node(s) have too little {capacity.group('what')} left on their {resource} devices for a "
-            f"share of {asked} on each of {(spec.get('resources') or {}).get(resource, '?')}; left per device "
-            f"that takes shares: {'; '.join(left) or 'none'}. Lower spec.share, or wait for a sharer to go.")
 
 
 def explain(facts: Facts) -> list[str]:
@@ -263,15 +235,37 @@ def explain(facts: Facts) -> list[str]:
         for c in status.get("conditions") or []:
             lines.append(f"  condition {c.get('type')}={c.get('status')} ({c.get('reason', '')}): "
                          f"{c.get('message', '')}")
+        if (group.get("metadata") or {}).get("deletionTimestamp"):
+            lines.append(_deleting(ns, members))
     if not node:
+        scheduled_reason = _group_not_scheduled(group)
         hints = _hints(facts, message)
+        if scheduled_reason == "PodsSkippedWebhook":
+            hints.append("These pods were created while the admission webhook did not run, so nothing scheduled "
+                         "them: make it run (kubectl -n deviceshare-system get pods), then delete and recreate "
+                         "the pods the condition names.")
         if hints:
             lines.append("What would help:")
             lines += [f"  - {h}" for h in hints]
-        elif not message:
+        elif not message and not scheduled_reason:
             lines.append("The operator has recorded no reason yet: is it running? (kubectl -n deviceshare-system "
                          "get pods)")
     return lines
+
+
+def _group_not_scheduled(group: Mapping[str, Any] | None) -> str:
+    """The reason of the group's Scheduled=False condition: a reason the operator recorded, if not the pod's."""
+    condition = _condition(group or {}, names.CONDITION_SCHEDULED)
+    return str(condition.get("reason") or "") if condition and condition.get("status") == "False" else ""
+
+
+def _deleting(ns: str, members: list[str]) -> str:
+    """A deleted group keeps its devices, and `kubectl delete` waits, until no member pod runs on them."""
+    if not members:
+        return "The group is being deleted: it releases its devices once the operator sees no member pod on them."
+    return (f"The group is being deleted, and keeps its devices until its member pods are gone "
+            f"({', '.join(members)}): `kubectl delete sdg` waits for that. Delete them or let them finish: "
+            f"kubectl delete pod -n {ns} {' '.join(members)}")
 
 
 # -- reading -----------------------------------------------------------------------------------

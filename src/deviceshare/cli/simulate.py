@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import importlib.util
 import json
 import os
 import statistics
@@ -33,15 +34,16 @@ DEFAULT_PODS = DATA / "openb_pod_list_default.csv"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    have_data = DEFAULT_NODES.exists() and DEFAULT_PODS.exists()
+    # Optional in the usage wherever it is read: the default is the openb trace when it sits beside the checkout
+    # (relative to the current folder), and run() says which is missing otherwise.
     parser.add_argument(
-        "--nodes", type=Path, default=DEFAULT_NODES if have_data else None, required=not have_data,
-        help="node list CSV (cpu_milli, memory_mib, gpu, model)" + (f"; default {DEFAULT_NODES}" if have_data else ""),
+        "--nodes", type=Path,
+        help=f"node list CSV (cpu_milli, memory_mib, gpu, model); default {DEFAULT_NODES}, where it exists",
     )  # fmt: skip
     parser.add_argument(
-        "--pods", type=Path, default=DEFAULT_PODS if have_data else None, required=not have_data,
-        help="pod list CSV (cpu_milli, memory_mib, num_gpu, gpu_milli, gpu_spec)"
-        + (f"; default {DEFAULT_PODS}" if have_data else ""),
+        "--pods", type=Path,
+        help=f"pod list CSV (cpu_milli, memory_mib, num_gpu, gpu_milli, gpu_spec); default {DEFAULT_PODS}, "
+        "where it exists",
     )  # fmt: skip
     parser.add_argument(
         "--policy", default="fgd,bestfit,random",
@@ -58,6 +60,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.plot and importlib.util.find_spec("matplotlib") is None:  # before the simulation, not after it
+        print("deviceshare simulate: --plot needs matplotlib: pip install 'deviceshare[plot]'", file=sys.stderr)
+        return 2
+    for flag, default in (("nodes", DEFAULT_NODES), ("pods", DEFAULT_PODS)):
+        if getattr(args, flag) is None:
+            if not default.exists():
+                print(f"deviceshare simulate: --{flag} is needed: no openb trace at {default} "
+                      "(relative to the current folder)", file=sys.stderr)
+                return 2
+            setattr(args, flag, default)
     names = [p.strip() for p in args.policy.split(",") if p.strip()]
     unknown = [n for n in names if n not in experiment.POLICIES]
     if not names or unknown:

@@ -28,10 +28,18 @@ class Waiting:
 
 
 def waiting(groups: Sequence[Mapping[str, Any]]) -> list[Waiting]:
-    """Groups not Bound, with their ``Scheduled`` condition's reason and message, sorted by name."""
+    """Groups not Bound, with their ``Scheduled`` condition's reason and message, and deleted groups waiting for
+    their member pods to go (a Releasing group's condition still says Bound), sorted by name."""
     out: list[Waiting] = []
     for group in groups:
         meta, status = group.get("metadata") or {}, group.get("status") or {}
+        if meta.get("deletionTimestamp"):
+            members = list(status.get("members") or [])
+            out.append(Waiting(str(meta.get("namespace", "")), str(meta.get("name", "")), "Deleting",
+                               f"keeps its devices until its member pods are gone ({', '.join(members)}); "
+                               "delete them or let them finish" if members else
+                               "releases its devices once the operator sees no member pod on them"))
+            continue
         if status.get("phase") == names.PHASE_BOUND:
             continue
         conditions: list[Mapping[str, Any]] = status.get("conditions") or []

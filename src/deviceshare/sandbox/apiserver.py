@@ -35,6 +35,7 @@ from deviceshare.sandbox import (
     paging,
     parsing,
     patches,
+    registry,
     store,
     tables,
     watching,
@@ -301,6 +302,7 @@ class ApiServer(kmock.KubernetesScaffold):
             )
             managedfields.track_update(applying.shape_of(rtype), old, new, manager, rtype.api_version,
                                        has_status=rtype.has_status, subresource=target.subresource)
+            registry.check_update(rtype, old, new)  # the schema answers before validating admission
             await self.admission.validate(
                 rtype, ns, "UPDATE", new, old, subresource=target.subresource or "", user=user
             )
@@ -363,5 +365,6 @@ class ApiServer(kmock.KubernetesScaffold):
         managedfields.track_update(applying.shape_of(rtype), None, body, manager, rtype.api_version,
                                    has_status=rtype.has_status)
         body = await self.admission.admit_create(rtype, ns, body, user)
+        registry.check_create(rtype, ns, body)  # the schema answers before validating admission
         await self.admission.validate(rtype, ns, "CREATE", body, user=user)
         return self._answer(request, rtype, self.store.create(rtype, ns, body), 201)

@@ -75,6 +75,20 @@ def stamped_for_create(rtype: catalog.ResourceType, obj: Obj) -> Obj:
     return strategies.validated(rtype, obj, None)
 
 
+def check_create(rtype: catalog.ResourceType, namespace: str | None, body: Mapping[str, Any]) -> None:
+    """Raise what a create would refuse in the object itself (its name, schema, CEL rules), storing nothing.
+    kube-apiserver's store.create runs rest.BeforeCreate (the strategy's validation) before the validating
+    admission webhooks and policies (k8s.io/apiserver registry/generic/registry/store.go), so a malformed
+    object is answered by its schema, never by a webhook that parses it. (A missing namespace is the
+    store's to report.)"""
+    stamped_for_create(rtype, for_create(rtype, namespace, body, lambda _: True))
+
+
+def check_update(rtype: catalog.ResourceType, old: Obj, new: Obj) -> None:
+    """As :func:`check_create`, for an update (rest.BeforeUpdate before the update's validating admission)."""
+    validated_update(rtype, old, clone(new))
+
+
 def replacement(rtype: catalog.ResourceType, name: str, body: Any) -> Obj:
     """The object a PUT to ``name`` asks to store, checked against the URL."""
     new: Obj = clone(dict(body))
