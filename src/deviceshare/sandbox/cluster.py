@@ -8,8 +8,10 @@ so watchers see them; they skip admission webhooks, which only HTTP creates go t
 
 from __future__ import annotations
 
+import base64
 import copy
 import re
+import ssl
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -23,6 +25,7 @@ from deviceshare.api import names
 from deviceshare.sandbox import admission, apiserver, catalog, errors, faults, identity, kubelet, patches, store
 from deviceshare.sandbox import deployments as deployments_
 from deviceshare.sandbox import disruption as disruption_
+from deviceshare.sandbox import front as front_
 from deviceshare.sandbox import priority as priority_classes
 
 CONTEXT = "deviceshare-sandbox"
@@ -75,6 +78,8 @@ class Sandbox:
         intel_nodes: int = 0,
         deployments: bool = False,
         disruption: bool = True,
+        front: bool = False,
+        tls: tuple[bytes, ssl.SSLContext] | None = None,
     ) -> None:
         self.resource = resource
         self.gpus = gpus
@@ -99,6 +104,11 @@ class Sandbox:
         # PodDisruptionBudget status, which the Eviction API reads; it acts only where budgets exist.
         self.disruption = disruption_.DisruptionController(self.store) if disruption else None
         self._host, self._port = host, port
+        # Network faults (black holes, slow TLS handshakes: front.py) need clients to connect through a proxy;
+        # ``tls`` (a CA certificate's PEM, and a server context with a certificate it signed): that proxy serves
+        # HTTPS, and the kubeconfig trusts the CA.
+        self._front_wanted, self._tls = front or tls is not None, tls
+        self.front: front_.Front | None = None
         self._kubeconfig_path = kubeconfig_path
         self._server: kmock.Server | None = None
         self._scratch: tempfile.TemporaryDirectory[str] | None = None
@@ -124,6 +134,8 @@ class Sandbox:
         self._server = kmock.Server(self.api, host=self._host, port=self._port or None)
         await self._server.__aenter__()
         self.url = str(self._server.url).rstrip("/")
+        if self._front_wanted:
+            await self._start_front()
         self.kubeconfig = self.write_kubeconfig(self._kubeconfig_path)
         if self.kubelet is not None:
             self.kubelet.start()
@@ -144,6 +156,8 @@ class Sandbox:
             self.disruption.stop()
         self.store.close_watches()
         self.api.faults.clear()  # no request stays held past the end
+        if self.front is not None:
+            await self.front.stop()
         if self._server is not None:
             await self._server.__aexit__(exc_type, exc, tb)
             self._server = None
@@ -152,19 +166,27 @@ class Sandbox:
             self._scratch.cleanup()
             self._scratch = None
 
+    async def _start_front(self) -> None:
+        self.front = front_.in_front_of(self.url, tls=self._tls[1] if self._tls else None)
+        await self.front.start()
+        self.url = self.front.url
+
+    def _scratch_dir(self) -> str:
+        if self._scratch is None:
+            self._scratch = tempfile.TemporaryDirectory(prefix="deviceshare-sandbox-")
+        return self._scratch.name
+
     def write_kubeconfig(self, path: Path | None = None, *, token: str = "deviceshare-sandbox") -> Path:
         """A kubeconfig for this sandbox; the default token is no registered user, i.e. the admin."""
         if path is None:  # a private folder, removed again when the sandbox stops
-            if self._scratch is None:
-                self._scratch = tempfile.TemporaryDirectory(prefix="deviceshare-sandbox-")
-            path = Path(self._scratch.name) / "kubeconfig"
+            path = Path(self._scratch_dir()) / "kubeconfig"
         path.parent.mkdir(parents=True, exist_ok=True)
         config = {
             "apiVersion": "v1",
             "kind": "Config",
             "current-context": CONTEXT,
             "preferences": {},
-            "clusters": [{"name": CONTEXT, "cluster": {"server": self.url}}],
+            "clusters": [{"name": CONTEXT, "cluster": self._cluster_entry()}],
             "users": [{"name": CONTEXT, "user": {"token": token}}],
             "contexts": [
                 {"name": CONTEXT, "context": {"cluster": CONTEXT, "user": CONTEXT, "namespace": "default"}}
@@ -172,6 +194,12 @@ class Sandbox:
         }
         path.write_text(yaml.safe_dump(config, sort_keys=False))
         return path
+
+    def _cluster_entry(self) -> dict[str, str]:
+        entry = {"server": self.url}
+        if self._tls is not None:
+            entry["certificate-authority-data"] = base64.b64encode(self._tls[0]).decode()
+        return entry
 
     def kubeconfig_as(self, token: str) -> Path:
         """A kubeconfig next to :attr:`kubeconfig` whose requests are made as the user of ``token``
