@@ -33,7 +33,7 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
-from deviceshare.kube import framing
+from deviceshare.kube import credentials, framing
 from deviceshare.kube.framing import Answer, AnswerLost, NotSent
 
 MAX_IDLE = 64  # connections kept for reuse; more are closed once their answer is read
@@ -89,27 +89,23 @@ class Connections:
         self.connect_timeout, self.idle_limit, self.reused_silence = connect_timeout, idle_limit, REUSED_SILENCE
         self._idle: list[tuple[framing.Connection, float]] = []  # with when each was put back
         self._connecting = asyncio.Semaphore(MAX_CONNECTING)
+        self._tls_files: credentials.TlsFiles | None = None
         self.opened = 0  # connections made
         self.silent = 0  # kept-alive connections found dead: a request on one timed out without a byte of answer
 
     @classmethod
     def for_client(cls, api: Any) -> Connections | None:
         """For a kubernetes_asyncio ApiClient's configuration (its CA, client certificate, verification and TLS
-        server name); None where it needs what this client does not do (a proxy)."""
+        server name: files read again when they change, ``credentials.TlsFiles``); None where it needs what this
+        client does not do (a proxy)."""
         cfg = getattr(api, "configuration", None)
         if cfg is None or cfg.proxy or not str(cfg.host).startswith(("http://", "https://")):
             return None
-        context = None
-        if str(cfg.host).startswith("https://"):
-            context = ssl.create_default_context(cafile=cfg.ssl_ca_cert)
-            if cfg.cert_file:
-                context.load_cert_chain(cfg.cert_file, keyfile=cfg.key_file)
-            if not cfg.verify_ssl:
-                context.check_hostname = False
-                context.verify_mode = ssl.CERT_NONE
-            if getattr(cfg, "disable_strict_ssl_verification", False):
-                context.verify_flags &= ~ssl.VERIFY_X509_STRICT
-        return cls(str(cfg.host), ssl_context=context, server_hostname=getattr(cfg, "tls_server_name", None))
+        files = credentials.TlsFiles(cfg) if str(cfg.host).startswith("https://") else None
+        connections = cls(str(cfg.host), ssl_context=files.context() if files else None,
+                          server_hostname=getattr(cfg, "tls_server_name", None))
+        connections._tls_files = files
+        return connections
 
     async def request(
         self, method: str, path: str, headers: dict[str, str], body: bytes | None, *,
@@ -211,6 +207,8 @@ class Connections:
                 break
             return connection, True
         limit = now + self.connect_timeout
+        if self._tls_files is not None:
+            self._ssl = self._tls_files.context()  # a rotated certificate or CA counts from the next connection
         try:
             async with asyncio.timeout_at(limit if deadline is None else min(limit, deadline)):
                 async with self._connecting:

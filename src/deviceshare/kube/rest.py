@@ -21,7 +21,7 @@ import aiohttp
 import orjson
 from kubernetes_asyncio import client
 
-from deviceshare.kube import http1
+from deviceshare.kube import credentials, http1
 
 
 class ApiError(Exception):
@@ -72,12 +72,27 @@ async def call(
     """``method path`` with ``body``; returns the parsed JSON answer (``{}`` if empty). ``connections``: send it
     over these (:mod:`http1`) rather than the client's aiohttp session; ``send_window``: see
     :meth:`http1.Connections.request` (without ``connections`` it is asked before connecting)."""
+    data = None if body is None else body if isinstance(body, bytes) else orjson.dumps(body, default=_plain)
+    try:
+        return await _send(api, method, path, data, content_type, timeout, connections, send_window)
+    except ApiError as e:
+        # Refused before anything was done: with a credential that can be renewed (an exec plugin's), once more
+        # with a new one, as client-go's exec authenticator does after a 401.
+        if e.status != 401 or not credentials.invalidate(api.configuration):
+            raise
+    return await _send(api, method, path, data, content_type, timeout, connections, send_window)
+
+
+async def _send(
+    api: client.ApiClient, method: str, path: str, data: bytes | None, content_type: str,
+    timeout: float | None,  # noqa: ASYNC109 — the HTTP client's own request timeout
+    connections: http1.Connections | None, send_window: Callable[[], float | None] | None,
+) -> Any:
     rest = api.rest_client
     headers = {**api.default_headers, "Content-Type": content_type, "Accept": "application/json"}
     if api.cookie:
         headers["Cookie"] = api.cookie
     await api.update_params_for_auth(headers, [], ["BearerToken"])
-    data = None if body is None else body if isinstance(body, bytes) else orjson.dumps(body, default=_plain)
     if connections is not None:
         answer = await connections.request(method, path, headers, data, timeout=timeout, send_window=send_window)
         if answer.status >= 400:
