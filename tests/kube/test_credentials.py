@@ -206,3 +206,37 @@ async def test_a_proxy_in_the_environment_is_honoured_and_aiohttp_never_looks_it
         assert api.rest_client.pool_manager.trust_env is False  # no netrc/proxy look-up per request
     finally:
         await api.close()
+
+
+async def test_the_watch_sessions_connections_have_tcp_keepalive(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Watches and lists go through aiohttp, whose connector set no keepalive: made again with http1's."""
+    import socket
+
+    made: list[socket.socket] = []
+
+    def recording(addr_info: tuple[Any, ...]) -> socket.socket:
+        sock = keepalive(addr_info)
+        made.append(sock)
+        return sock
+
+    keepalive = http1.keepalive_socket
+    monkeypatch.setattr(http1, "keepalive_socket", recording)
+    server = Server(answering_ok)
+    server.server = await asyncio.start_server(server._serve, "127.0.0.1", 0)
+    config = {"apiVersion": "v1", "kind": "Config", "current-context": "c",
+              "clusters": [{"name": "c", "cluster": {"server": server.url}}],
+              "users": [{"name": "u", "user": {"token": "t"}}],
+              "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}]}
+    (tmp_path / "kubeconfig").write_text(json.dumps(config))
+    api = await connecting.api_client(str(tmp_path / "kubeconfig"))
+    try:
+        assert await rest.call(api, "GET", "/x", timeout=5) == {}  # through the aiohttp session
+        assert len(made) == 1
+        assert made[0].getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+        assert made[0].getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == http1.USER_TIMEOUT_MS
+    finally:
+        await api.close()
+        server.server.close()
+        await server.server.wait_closed()

@@ -19,7 +19,7 @@ import aiohttp
 from kubernetes_asyncio import client, config
 
 from deviceshare import errors
-from deviceshare.kube import credentials
+from deviceshare.kube import credentials, http1
 
 
 class ClusterNotFound(errors.ConfigError):
@@ -99,13 +99,18 @@ async def api_client(kubeconfig: str | None = None, *, context: str | None = Non
     """A new ApiClient; the caller owns it and must ``await close()`` it (or use ``async with``)."""
     api = client.ApiClient(configuration=await configuration(kubeconfig, context=context))
     # kubernetes_asyncio makes its session with trust_env=True, which looks up netrc and proxies in a thread on
-    # every request (measured: a fifth of the operator's CPU under load). Proxies from the environment are read
-    # once instead (_proxy_from_environment): the session is made again, on the same connector, without it.
+    # every request (measured: a fifth of the operator's CPU under load): proxies from the environment are read
+    # once instead (_proxy_from_environment). Its connector sets no TCP keepalive, so a watch on a connection
+    # whose peer vanished would wait on it for ever. Both made again here, with public API only.
     rest_client = api.rest_client
-    session = rest_client.pool_manager
-    connector = session.connector
-    session.detach()  # public: the connector is kept, not closed
+    library_connector = rest_client.pool_manager.connector
+    limit = library_connector.limit if library_connector is not None else 100
+    await rest_client.pool_manager.close()
+    cfg = api.configuration
+    ssl_context = credentials.TlsFiles(cfg).context() if str(cfg.host).startswith("https://") else None
     rest_client.pool_manager = aiohttp.ClientSession(
-        connector=connector, trust_env=False, read_bufsize=2**21,  # the library's: watch events of large objects
+        connector=aiohttp.TCPConnector(limit=limit, ssl=ssl_context or True, socket_factory=http1.keepalive_socket),
+        trust_env=False,
+        read_bufsize=2**21,  # as the library's: watch events of large objects exceed aiohttp's default
     )
     return api

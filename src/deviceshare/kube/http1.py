@@ -60,14 +60,26 @@ class FenceClosed(NotSent):
 
 def _keepalive(transport: asyncio.BaseTransport) -> None:
     sock = transport.get_extra_info("socket")
-    if sock is None:
-        return
+    if sock is not None:
+        _keep_alive(sock)
+
+
+def _keep_alive(sock: Any) -> None:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
     for name, value in (("TCP_KEEPIDLE", KEEPALIVE_S), ("TCP_KEEPINTVL", KEEPALIVE_S),
                         ("TCP_KEEPCNT", KEEPALIVE_PROBES), ("TCP_USER_TIMEOUT", USER_TIMEOUT_MS)):
         option = getattr(socket, name, None)
         if option is not None:  # Linux has them all; other systems some
             sock.setsockopt(socket.IPPROTO_TCP, option, value)
+
+
+def keepalive_socket(addr_info: tuple[Any, ...]) -> socket.socket:
+    """A socket for aiohttp's connector (its ``socket_factory``) with the same keepalive and user timeout: the
+    watches' and lists' connections find a dead peer as these do."""
+    family, kind, proto = addr_info[0], addr_info[1], addr_info[2]
+    sock = socket.socket(family, kind, proto)
+    _keep_alive(sock)
+    return sock
 
 
 class Connections:
