@@ -340,11 +340,14 @@ class Sandbox:
         drop: bool = False,
         every: int = 1,
         hold: bool = False,
+        interim: bool = False,
+        cut: bool = False,
     ) -> faults.Fault:
         """Make the next ``times`` requests of ``method`` whose path matches ``path`` fail or wait; with
         ``applied``, carry them out and then answer ``status`` (or, with ``drop``, close the connection);
         with ``every=n``, only each n-th matching request; with ``hold``, each waits in flight until
-        ``fault.release()`` (or ``clear_faults()``) and is then carried out, its client there or not."""
+        ``fault.release()`` (or ``clear_faults()``) and is then carried out, its client there or not; with
+        ``interim``, a ``100 Continue`` comes first; with ``cut`` (and ``applied``), half the answer, then a close."""
         return self.api.faults.add(
             faults.Fault(
                 method.upper() if method else None,
@@ -358,6 +361,8 @@ class Sandbox:
                 drop=drop,
                 every=every,
                 hold=hold,
+                interim=interim,
+                cut=cut,
             )
         )
 
