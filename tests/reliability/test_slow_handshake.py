@@ -9,6 +9,7 @@ The sandbox serves HTTPS through its front (``sandbox/front.py``), which answers
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -84,4 +85,29 @@ async def test_a_write_carries_the_time_left_when_it_is_sent_not_before_connecti
         carried = int(sent.params["timeout"].removesuffix("ms"))
         assert carried <= 4500, f"the write carried {carried} ms: the time left before the handshake"
     finally:
+        await api.close()
+
+
+async def test_a_burst_of_requests_on_no_connection_makes_a_few_at_a_time(
+    box: Sandbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An apiserver that restarts meets every client's new connections at once (a handshake storm): http1 makes
+    at most ``MAX_CONNECTING`` at a time, the other requests wait for one of them (or for their own timeout)."""
+    from deviceshare.kube import http1, rest
+
+    assert box.front is not None
+    box.front.handshake_delay = 0.2
+    monkeypatch.setattr(http1, "MAX_CONNECTING", 3)
+    api = await connecting.api_client(str(box.kubeconfig))
+    conns = http1.Connections.for_client(api)
+    assert conns is not None
+    try:
+        path = f"/apis/{names.API_VERSION}/namespaces/{NS}/{names.PLURAL}/g"
+        answers = await asyncio.gather(*(rest.call(api, "GET", path, timeout=30, connections=conns)
+                                         for _ in range(12)))
+        assert all(a["metadata"]["name"] == "g" for a in answers)
+        assert box.front.slow_handshakes >= 3, "no handshake was slowed: the fault did not fire"
+        assert box.front.most_handshaking <= 3, f"{box.front.most_handshaking} handshakes at once"
+    finally:
+        await conns.close()
         await api.close()

@@ -47,6 +47,7 @@ class Front:
         self.black_holed = 0  # connections swallowed by black_hole()
         self.swallowed = 0  # bytes a client sent into the hole (proof that it tried)
         self.slow_handshakes = 0  # handshakes answered only after handshake_delay
+        self.handshaking = self.most_handshaking = 0  # TLS handshakes under way now, and the most at once
 
     @property
     def port(self) -> int:
@@ -97,12 +98,17 @@ class Front:
         self._links.add(link)
         try:
             if self._tls is not None:
-                if self.handshake_delay:
-                    self.slow_handshakes += 1
-                    await asyncio.sleep(self.handshake_delay)  # the ClientHello waits, unanswered
-                tls_transport = await loop.start_tls(
-                    cast(asyncio.WriteTransport, transport), protocol, self._tls, server_side=True
-                )
+                self.handshaking += 1
+                self.most_handshaking = max(self.most_handshaking, self.handshaking)
+                try:
+                    if self.handshake_delay:
+                        self.slow_handshakes += 1
+                        await asyncio.sleep(self.handshake_delay)  # the ClientHello waits, unanswered
+                    tls_transport = await loop.start_tls(
+                        cast(asyncio.WriteTransport, transport), protocol, self._tls, server_side=True
+                    )
+                finally:
+                    self.handshaking -= 1
                 assert tls_transport is not None
                 transport = tls_transport
             else:
