@@ -62,3 +62,19 @@ async def test_a_landed_write_whose_answer_is_cut_short_is_read_back_as_landed(
     assert fault.fired == 1
     assert (box.get(names.PLURAL, "g", NS) or {})["status"]["phase"] == "Pending"  # it landed
     assert record.key == KEY and outcomes == ["uncertain_resolved"]  # and the read-back said so
+
+
+async def test_a_404_for_a_type_not_served_is_no_answer_about_the_group(tmp_path: Path) -> None:
+    """A restarted apiserver serves a CRD's type only once the CRD is established: until then a group's path is
+    404 with no object named in it. That says nothing of the group, so it is no ``Gone`` (which would release an
+    unsettled claim): it is retried."""
+    empty = tmp_path / "no-crds"
+    empty.mkdir()
+    async with Sandbox(nodes=0, kubelet_delay=None, crds=empty, kubeconfig_path=tmp_path / "kubeconfig") as bare:
+        cluster_api = storage.ClusterApi(await connecting.api_client(str(bare.kubeconfig)))
+        try:
+            with pytest.raises(storage.RetryLater) as raised:
+                await cluster_api.read_group(KEY)
+            assert not isinstance(raised.value, storage.Gone) and "not served" in str(raised.value)
+        finally:
+            await cluster_api.close()
