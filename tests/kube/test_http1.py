@@ -242,3 +242,187 @@ async def test_a_client_with_a_proxy_is_left_to_aiohttp() -> None:
     api = client.ApiClient(cfg)
     assert http1.Connections.for_client(api) is None
     await api.close()
+
+
+# -- liveness: connections that die without a word --------------------------------------------------------------
+
+
+class Hole:
+    """Answers every request until :attr:`on`; then the connections accepted before read requests and never answer
+    them (a path to the server gone, the connections kept open), while new ones answer."""
+
+    def __init__(self) -> None:
+        self.on, self.accepted, self.swallowed = False, 0, 0
+
+    async def handler(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.accepted += 1
+        born_after = self.on
+        while True:
+            try:
+                await read_request(reader)
+            except asyncio.IncompleteReadError:
+                return
+            if self.on and not born_after:
+                self.swallowed += 1
+                await asyncio.Event().wait()  # no answer, no close
+            writer.write(length_answer(b"{}"))
+            await writer.drain()
+
+
+async def kept_alive(conns: http1.Connections, count: int) -> None:
+    """``count`` connections made and put back idle (as many requests at once)."""
+    await asyncio.gather(*(conns.request("GET", "/warm", {}, None, timeout=5) for _ in range(count)))
+    assert len(conns._idle) == count
+
+
+async def test_a_connection_idle_past_the_limit_is_not_reused(serve) -> None:  # type: ignore[no-untyped-def]
+    hole = Hole()
+    server = await serve(hole.handler)
+    conns = http1.Connections(server.url, ssl_context=None, idle_limit=0.05)
+    await conns.request("GET", "/x", {}, None, timeout=5)
+    await conns.request("GET", "/x", {}, None, timeout=5)
+    assert hole.accepted == 1  # reused while fresh
+    await asyncio.sleep(0.1)  # the condition itself: longer idle than the limit
+    await conns.request("GET", "/x", {}, None, timeout=5)
+    assert hole.accepted == 2, "a connection idle past the limit was reused"
+    await conns.close()
+
+
+async def test_new_connections_have_tcp_keepalive_and_a_user_timeout(serve) -> None:  # type: ignore[no-untyped-def]
+    import socket
+
+    server = await serve(Hole().handler)
+    conns = http1.Connections(server.url, ssl_context=None)
+    await conns.request("GET", "/x", {}, None, timeout=5)
+    connection, _ = conns._idle[0]
+    assert connection.transport is not None
+    sock = connection.transport.get_extra_info("socket")
+    assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+    assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == http1.KEEPALIVE_S
+    assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == http1.USER_TIMEOUT_MS
+    await conns.close()
+
+
+async def test_a_get_on_a_silent_connection_is_sent_again_on_a_new_one(serve) -> None:  # type: ignore[no-untyped-def]
+    hole = Hole()
+    server = await serve(hole.handler)
+    conns = http1.Connections(server.url, ssl_context=None)
+    conns.reused_silence = 0.2
+    await kept_alive(conns, 1)
+    hole.on = True
+    answer = await conns.request("GET", "/x", {}, None, timeout=5)
+    assert answer.body == b"{}" and hole.accepted == 2
+    assert hole.swallowed == 1 and conns.silent == 1  # the fault fired: the first connection said nothing
+    await conns.close()
+
+
+async def test_a_write_on_a_silent_connection_times_out_and_no_idle_connection_beside_it_is_reused(
+    serve  # type: ignore[no-untyped-def]
+) -> None:
+    hole = Hole()
+    server = await serve(hole.handler)
+    conns = http1.Connections(server.url, ssl_context=None)
+    await kept_alive(conns, 3)
+    hole.on = True  # all three dead now
+    with pytest.raises(TimeoutError):  # sent: it may have been applied (the caller reads it back)
+        await conns.request("PATCH", "/x", {}, b"{}", timeout=0.3)
+    assert hole.swallowed == 1 and conns.silent == 1
+    answer = await conns.request("GET", "/x", {}, None, timeout=5)  # a read-back: on a new connection at once
+    assert answer.body == b"{}" and hole.accepted == 4 and hole.swallowed == 1
+    await conns.close()
+
+
+async def test_a_get_whose_kept_alive_connection_closes_unanswered_is_sent_again(serve) -> None:  # type: ignore[no-untyped-def]
+    close_next, requests = False, 0
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal close_next, requests
+        while True:
+            await read_request(reader)
+            requests += 1
+            if close_next:
+                close_next = False
+                return  # closed as the request came (the server's idle close, racing it)
+            writer.write(length_answer(b"{}"))
+            await writer.drain()
+    server = await serve(handler)
+    conns = http1.Connections(server.url, ssl_context=None)
+    await conns.request("GET", "/x", {}, None, timeout=5)
+    close_next = True
+    assert (await conns.request("GET", "/x", {}, None, timeout=5)).body == b"{}"
+    assert requests == 3 and server.connections == 2  # read twice: once closed unanswered, once answered
+    close_next = True
+    with pytest.raises(http1.AnswerLost):  # a write is never sent twice: it may have been applied
+        await conns.request("POST", "/x", {}, b"{}", timeout=5)
+    assert requests == 4
+    await conns.close()
+
+
+# -- framing ----------------------------------------------------------------------------------------------------
+
+
+async def test_an_interim_100_continue_is_not_taken_for_the_answer(serve) -> None:  # type: ignore[no-untyped-def]
+    refused = length_answer(b'{"kind":"Status","message":"conflict","code":409}', status="409 Conflict")
+    server = await serve(answering([b"HTTP/1.1 100 Continue\r\n\r\n", refused]))
+    conns = http1.Connections(server.url, ssl_context=None)
+    from kubernetes_asyncio import client
+
+    cfg = client.Configuration()
+    cfg.host = server.url
+    api = client.ApiClient(cfg)
+    with pytest.raises(rest.ApiError) as e:
+        await rest.call(api, "PATCH", "/x", {}, timeout=5, connections=conns)
+    assert e.value.status == 409
+    await conns.close()
+    await api.close()
+
+
+async def test_bytes_after_an_answer_are_never_taken_for_the_next_one(serve) -> None:  # type: ignore[no-untyped-def]
+    stale = length_answer(b'{"n":1}') + length_answer(b'{"stale":true}')
+    server = await serve(answering([stale], [length_answer(b'{"n":2}')]))
+    conns = http1.Connections(server.url, ssl_context=None)
+    assert (await conns.request("GET", "/x", {}, None, timeout=5)).body == b'{"n":1}'
+    server.handler = answering([length_answer(b'{"n":2}')])
+    assert (await conns.request("GET", "/x", {}, None, timeout=5)).body == b'{"n":2}'
+    assert server.connections == 2  # the out-of-step connection was closed
+    await conns.close()
+
+
+async def test_a_gzip_answer_is_inflated_and_an_unknown_coding_is_an_unreadable_answer(serve) -> None:  # type: ignore[no-untyped-def]
+    import gzip
+
+    seen: list[bytes] = []
+
+    def coded(body: bytes, coding: str) -> Handler:
+        async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            seen.append(await read_request(reader))
+            writer.write(length_answer(body, extra=f"Content-Encoding: {coding}\r\n"))
+            await writer.drain()
+        return handler
+
+    server = await serve(coded(gzip.compress(b'{"z":1}'), "gzip"))
+    conns = http1.Connections(server.url, ssl_context=None)
+    assert (await conns.request("GET", "/x", {}, None, timeout=5)).body == b'{"z":1}'
+    assert b"accept-encoding: identity" in seen[0].lower()
+    server.handler = coded(b"\x0b\x03\x80{}\x03", "br")
+    with pytest.raises(http1.AnswerLost):
+        await conns.request("PATCH", "/x", {}, b"{}", timeout=5)
+    await conns.close()
+
+
+async def test_an_answer_cut_short_by_its_connection_is_lost_not_an_error_of_ours(serve) -> None:  # type: ignore[no-untyped-def]
+    from kubernetes_asyncio import client
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n{\"metadata\":{\"resourceVers")
+        await writer.drain()
+    server = await serve(handler)
+    cfg = client.Configuration()
+    cfg.host = server.url
+    api = client.ApiClient(cfg)
+    conns = http1.Connections(server.url, ssl_context=None)
+    with pytest.raises(http1.AnswerLost):  # sent, answered in part: it may have been applied
+        await rest.call(api, "PATCH", "/x", {}, timeout=5, connections=conns)
+    await conns.close()
+    await api.close()

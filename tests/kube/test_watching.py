@@ -130,3 +130,33 @@ async def test_a_relist_of_one_page_watches_after_it_as_before(sandbox: Sandbox)
         finally:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_watch_on_a_silently_dead_connection_is_resumed_from_where_it_was(tmp_path: Any) -> None:
+    """A connection that dies without a word (a node or a load balancer's flow gone: no FIN, no RST) leaves a
+    watch waiting for ever unless silence itself ends it: bookmarks come (kube-apiserver: every minute; here every
+    0.05 s), so a watch silent for ``idle_timeout_s`` is dropped and resumed from its resourceVersion, no relist."""
+    async with Sandbox(nodes=0, kubelet_delay=None, bookmark_interval=0.05, front=True,
+                       kubeconfig_path=tmp_path / "kubeconfig") as box:
+        assert box.front is not None
+        configuration = client.Configuration()
+        await config.load_kube_config(config_file=str(box.kubeconfig), client_configuration=configuration)
+        async with client.ApiClient(configuration) as api:
+            core = client.CoreV1Api(api)
+            await core.create_namespace({"metadata": {"name": NS}})
+            sink = Recorder()
+            reflector = watching.Reflector(functools.partial(core.list_namespaced_config_map, NS), sink,
+                                           name="configmaps", idle_timeout_s=0.5)
+            task = asyncio.create_task(reflector.run())
+            try:
+                await reflector.wait_synced(waiting.HANG_GUARD)
+                await waiting.until(lambda: box.open_watches("configmaps") == 1, "the watch after the list")
+                assert box.front.black_hole() >= 1
+                box.create({"apiVersion": "v1", "kind": "ConfigMap", **_cm("after")})
+                await waiting.until(lambda: "after" in sink.objects, "the change, on a resumed watch")
+                assert box.front.swallowed > 0, "nothing went into the black hole: the fault did not fire"
+                assert reflector.relists == 1, "the watch was listed again instead of resumed"
+                assert sink.events == [("ADDED", "after")]
+            finally:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)

@@ -8,7 +8,8 @@
 - Kopf, for the operator: the resources its registered handlers watch (from a real registry filled
   by ``operator.handlers.register``), plus what Kopf itself needs in the mode ``operator/handlers.py``
   starts it in (cluster-wide or not, standalone or peering, read from the ``kopf.operator(...)`` call):
-  the CRD watch, event posting, the peering object unless standalone; and namespaces only when it is not
+  the CRD watch (unless the startup handler disables Kopf's scanning), event posting, the peering object unless
+  standalone; and namespaces only when it is not
   cluster-wide (kopf's ``_core/reactor/observation.py`` skips the namespace scan when cluster-wide).
 - A path whose namespace is the parameter ``own_namespace`` (the leader-election Lease) needs access in
   the operator's own namespace only: :attr:`Access.own_namespace`, a Role rather than a ClusterRole.
@@ -214,6 +215,17 @@ def kopf_is_standalone() -> bool:
     return value.value
 
 
+def kopf_scanning_disabled(path: Path = COMMAND) -> bool:
+    """Whether the startup handler sets ``settings.scanning.disabled = True``: Kopf then never watches CRDs
+    (``kopf/_core/reactor/observation.py``: the resource observer's watch runs only without it)."""
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Assign) and len(node.targets) == 1
+                and ast.unparse(node.targets[0]) == "settings.scanning.disabled"):
+            return isinstance(node.value, ast.Constant) and node.value.value is True
+    return False
+
+
 def kopf_needs(*, peering: bool | None = None) -> set[Access]:
     """Kopf's needs; ``peering`` defaults to what ``handlers.run`` starts it with (not standalone)."""
     peering = not kopf_is_standalone() if peering is None else peering
@@ -230,7 +242,8 @@ def kopf_needs(*, peering: bool | None = None) -> set[Access]:
     for handler in changing:  # progress/diff-base annotations and finalizers are written by patch
         needs.add(Access(handler.selector.group or "", handler.selector.any_name, "patch"))  # type: ignore[union-attr]
     crds, events = references.CRDS, references.EVENTS
-    needs |= {Access(crds.group or "", str(crds.any_name), v) for v in ("list", "watch")}
+    if not kopf_scanning_disabled():
+        needs |= {Access(crds.group or "", str(crds.any_name), v) for v in ("list", "watch")}
     needs.add(Access(events.group or "", str(events.any_name), "create"))  # Kopf posts k8s events
     clusterwide = kopf_is_clusterwide()
     if not clusterwide:

@@ -183,3 +183,31 @@ async def test_the_operator_is_not_hindered(tenant: Kube) -> None:
         await attacks.create_pod(tenant, attacks.pod(OTHER, f"b-{i}", group="b"))
     devices = {_annotations(await tenant.wait_bound(OTHER, f"b-{i}"))[ENV_VISIBLE] for i in range(3)}
     assert len(devices) == 1 and len(devices.pop().split(",")) == 2
+
+
+async def test_the_operators_token_changes_nothing_on_a_pod_but_its_annotations(
+    tenant: Kube, as_operator: Kube, sandbox: Sandbox
+) -> None:
+    """Its RBAC lets the operator patch any pod (to put back device annotations), and RBAC cannot say which
+    fields: a stolen operator token could swap an image, in kube-system too. The policy lets it change only
+    deviceshare.io/ annotations and the CDI annotations of CONTRACT §12 (issue 32)."""
+    await attacks.create_pod(tenant, attacks.pod(NS, "p", tolerations=[{"key": "example.com/x", "operator": "Exists"}]))
+    image = sandbox.get("pods", "p", NS)["spec"]["containers"][0]["image"]  # type: ignore[index]
+
+    swap = {"spec": {"containers": [{"name": "main", "image": "evil.example/miner:latest"}]}}
+    changed = await refused(as_operator._json(as_operator.core.patch_namespaced_pod(
+        "p", NS, swap, _preload_content=False)))
+    assert changed.status == 403 and "rule operator-pod-writes" in changed.message
+    assert sandbox.get("pods", "p", NS)["spec"]["containers"][0]["image"] == image  # type: ignore[index]
+    labelled = await refused(as_operator._json(as_operator.core.patch_namespaced_pod(
+        "p", NS, {"metadata": {"labels": {"app": "hijacked"}}}, _preload_content=False)))
+    assert "rule operator-pod-writes" in labelled.message
+    foreign = await refused(annotate(as_operator, NS, "p", {"example.com/owner": "operator"}))
+    assert "rule operator-pod-writes" in foreign.message
+    bound_foreign = await refused(attacks.bind(as_operator, NS, "p", "gpu-node-1", {"example.com/x": "1"}))
+    assert "rule operator-pod-writes" in bound_foreign.message and "pods/binding p" in bound_foreign.message
+
+    ours = {names.POD_SELECTED_DEVICES_ANNOTATION: '{"nvidia.com/gpu":"0"}',
+            "nvidia.cdi.k8s.io/container.main": "nvidia.com/gpu=0"}
+    await annotate(as_operator, NS, "p", ours)  # what it is for: allowed
+    assert ours.items() <= _annotations(sandbox.get("pods", "p", NS)).items()

@@ -15,9 +15,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import aiohttp
 from kubernetes_asyncio import client, config
 
 from deviceshare import errors
+from deviceshare.kube import credentials, http1
 
 
 class ClusterNotFound(errors.ConfigError):
@@ -50,7 +52,7 @@ async def configuration(kubeconfig: str | None = None, *, context: str | None = 
     cfg = client.Configuration()
     if paths:
         try:
-            await config.load_kube_config(
+            loader = await config.load_kube_config(
                 config_file=os.pathsep.join(paths),
                 context=context,
                 client_configuration=cfg,
@@ -63,6 +65,12 @@ async def configuration(kubeconfig: str | None = None, *, context: str | None = 
                     f"context {context!r} not found in {where} (--context; `kubectl config get-contexts` lists them)"
                 ) from e
             raise ClusterNotFound(f"kubeconfig {where} is not usable: {e} (--kubeconfig, --context)") from e
+        # The library ran the user's exec plugin once; client-go runs it again before the credential expires
+        # and after a 401 (credentials.py). ``_user`` is the loader's current user (the library's own
+        # refresh_token reads it the same way; tests/kube/test_credentials.py pins it).
+        if "exec" in (getattr(loader, "_user", None) or {}):
+            cfg.refresh_api_key_hook = credentials.ExecCredentials(loader)
+        _proxy_from_environment(cfg)
         return cfg
     if context:
         raise ClusterNotFound(f"context {context!r} given but no kubeconfig found (--kubeconfig or KUBECONFIG)")
@@ -73,16 +81,36 @@ async def configuration(kubeconfig: str | None = None, *, context: str | None = 
             raise ClusterNotFound(
                 f"in-cluster config unusable: {e} (mount the service account, or --kubeconfig)"
             ) from e
+        _proxy_from_environment(cfg)
         return cfg
     raise ClusterNotFound(
         "no kubeconfig found and not running in a cluster (--kubeconfig, KUBECONFIG or ~/.kube/config)"
     )
 
 
+def _proxy_from_environment(cfg: client.Configuration) -> None:
+    """``HTTPS_PROXY`` / ``NO_PROXY`` as client-go reads them, unless the kubeconfig names a ``proxy-url``: requests
+    then go through aiohttp, which speaks to proxies (``kube/http1.py`` does not)."""
+    if not cfg.proxy:
+        cfg.proxy = credentials.proxy_from_environment(str(cfg.host))
+
+
 async def api_client(kubeconfig: str | None = None, *, context: str | None = None) -> client.ApiClient:
     """A new ApiClient; the caller owns it and must ``await close()`` it (or use ``async with``)."""
     api = client.ApiClient(configuration=await configuration(kubeconfig, context=context))
-    # The session's trust_env makes aiohttp look up netrc and proxies in a thread on every request
-    # (measured: a fifth of the operator's CPU under load). Kubeconfig has its own proxy-url field.
-    api.rest_client.pool_manager._trust_env = False
+    # kubernetes_asyncio makes its session with trust_env=True, which looks up netrc and proxies in a thread on
+    # every request (measured: a fifth of the operator's CPU under load): proxies from the environment are read
+    # once instead (_proxy_from_environment). Its connector sets no TCP keepalive, so a watch on a connection
+    # whose peer vanished would wait on it for ever. Both made again here, with public API only.
+    rest_client = api.rest_client
+    library_connector = rest_client.pool_manager.connector
+    limit = library_connector.limit if library_connector is not None else 100
+    await rest_client.pool_manager.close()
+    cfg = api.configuration
+    ssl_context = credentials.TlsFiles(cfg).context() if str(cfg.host).startswith("https://") else None
+    rest_client.pool_manager = aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=limit, ssl=ssl_context or True, socket_factory=http1.keepalive_socket),
+        trust_env=False,
+        read_bufsize=2**21,  # as the library's: watch events of large objects exceed aiohttp's default
+    )
     return api

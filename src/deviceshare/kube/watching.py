@@ -117,6 +117,7 @@ class Reflector:
         name: str,
         watch_timeout_s: int = 300,
         request_timeout_s: float = 30.0,
+        idle_timeout_s: float = 65.0,
         page_size: int = 500,
         backoff: Backoff | None = None,
         resume_from: str | None = None,
@@ -126,6 +127,7 @@ class Reflector:
         self.name = name
         self._watch_timeout_s = watch_timeout_s
         self._request_timeout_s = request_timeout_s
+        self._idle_timeout_s = idle_timeout_s
         self._page_size = page_size
         self._backoff = backoff or Backoff()
         self.synced = asyncio.Event()
@@ -237,8 +239,12 @@ class Reflector:
         }
         if self.resource_version:
             kwargs["resource_version"] = self.resource_version
-        # The server ends the watch after timeout_seconds; the client gives it some slack.
-        resp = await self._request(kwargs, self._watch_timeout_s + 30, read_body=False)
+        # The server ends the watch after timeout_seconds, and sends a bookmark every minute meanwhile (kube-
+        # apiserver's cacher; the sandbox more often): a watch silent for longer than ``idle_timeout_s`` is on a
+        # dead connection (no FIN, no RST: a node or a load balancer's flow gone), dropped and resumed from the
+        # last resourceVersion seen, on a new connection. client-go finds it by HTTP/2 pings (30 s + 15 s).
+        resp = await self._request(kwargs, min(self._idle_timeout_s, self._watch_timeout_s + 30), read_body=False)
+        complete = False
         try:
             buffer = b""
             async for chunk in resp.content.iter_any():
@@ -249,8 +255,12 @@ class Reflector:
                     if line.strip():
                         self._event(orjson.loads(line))
                         self._backoff.reset()
+            complete = True
         finally:
-            resp.release()
+            if complete:
+                resp.release()
+            else:
+                resp.close()  # broken off (silent, failed, cancelled): its connection is never reused
 
     def _event(self, event: Mapping[str, Any]) -> None:
         kind = event.get("type")
@@ -268,7 +278,8 @@ class Reflector:
             self.resource_version = str(version)
 
     async def _request(self, kwargs: dict[str, Any], timeout_s: float, *, read_body: bool) -> Any:
-        timeout = aiohttp.ClientTimeout(total=None if not read_body else timeout_s, sock_read=timeout_s)
+        timeout = aiohttp.ClientTimeout(total=None if not read_body else timeout_s, sock_read=timeout_s,
+                                        sock_connect=min(timeout_s, 10.0))
         resp = await self._list_call(**kwargs, _preload_content=False, _request_timeout=timeout)
         if resp.status == 410:
             resp.release()

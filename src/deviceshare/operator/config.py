@@ -36,6 +36,9 @@ class OperatorConfig:
     # Every so often, pods and groups we hold that a fresh list lacks are read one by one and forgotten
     # if the API no longer has them (the same lost deletions, for objects nothing is waiting on).
     audit_interval: float = 300.0
+    # A watch that brings nothing for this long (kube-apiserver sends a bookmark every minute, and one before
+    # the watch's own end) is taken for a dead connection and resumed, on a new one, from its resourceVersion.
+    watch_idle_timeout: float = 65.0
     # Leader election on a coordination.k8s.io/v1 Lease in ``namespace`` (client-go's rules and defaults):
     # None runs a single replica that schedules at once, with no election.
     lease_name: str | None = None

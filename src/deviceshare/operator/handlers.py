@@ -104,6 +104,9 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
         settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=names.GROUP)
         settings.persistence.diffbase_storage = NoDiffBase()
         settings.peering.standalone = True  # one leader is elected on a Lease instead (leadership.py)
+        # No handler of ours is on a resource (the intake's reflectors watch): Kopf need not discover resources,
+        # nor watch CRDs for changes, and the operator's RBAC gives it no customresourcedefinitions (issue 32).
+        settings.scanning.disabled = True
         # Retried here with capped backoff until the API answers (Kopf would wait 60 s between tries).
         metrics: Metrics | None = getattr(memo, "metrics", None)
         memo.runtime = await startup_.start_runtime(config, metrics if metrics is not None else Metrics())

@@ -34,7 +34,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any, Protocol
 
-from .storage import Conflict, Gone
+from .storage import Conflict, Gone, Uncertain
 
 logger = logging.getLogger(__name__)
 
@@ -150,7 +150,21 @@ class LeaseElector:
         except (Conflict, Gone):  # changed (or deleted) since we read it: lost this round
             self._observed = None  # re-read next time; a changed record restarts the expiry count
             return False
+        except Uncertain:  # sent, the answer lost (a dead connection): read back whether it was applied
+            return await self._read_back(spec)
         return True
+
+    async def _read_back(self, spec: Mapping[str, Any]) -> bool:
+        """Whether the write of ``spec`` whose answer was lost landed: the Lease shows it (our holder and our
+        renewTime, which no other write carries). Read on a new connection (the lost one is closed, and those
+        idle beside it too: http1.py)."""
+        obj = await self.api.get_lease(self.namespace, self.name)
+        seen = obj.get("spec") or {}
+        landed = (seen.get("holderIdentity") == spec.get("holderIdentity")
+                  and seen.get("renewTime") == spec.get("renewTime"))
+        self._observe(obj)
+        logger.info("the lease write's answer was lost; read back: %s", "landed" if landed else "not landed")
+        return landed
 
 
 class Leadership:

@@ -31,6 +31,11 @@ from . import quotas, statuses, storage
 from . import state as state_
 from .context import Context
 
+# What a status write raises when it was certainly not applied (storage.errors): the API refused it (409, 404,
+# 400/403/422, a 429, another 4xx) or it never left (Fenced; a RetryLater for a connection never made). An
+# ``Uncertain`` is a RetryLater too, and is told apart where this is caught.
+NOT_APPLIED = (storage.Conflict, storage.Gone, storage.Invalid, storage.Fenced, storage.RetryLater)
+
 
 @dataclasses.dataclass(frozen=True)
 class Placed:
@@ -75,12 +80,16 @@ class GroupPlacer:
         allocation, start = decided
         try:
             persisted = await self._persist(marked, allocation, members := self._member_names(marked))
-        except storage.Uncertain:
-            # The claim may be in the API: the devices stay reserved until a read-back tells (settling.py).
-            ctx.unsettled.add(marked, statuses.bound(marked, allocation, members))
+        except NOT_APPLIED as e:
+            if isinstance(e, storage.Uncertain):  # a RetryLater, but one whose write may have landed
+                ctx.unsettled.add(marked, statuses.bound(marked, allocation, members))
+                raise
+            ctx.ledger.release(group.key)  # refused, conflicted, gone or not sent: the API does not show the claim
             raise
-        except Exception:  # refused, conflicted, gone or not sent: the API does not show the claim
-            ctx.ledger.release(group.key)
+        except Exception:
+            # Uncertain, or an error nobody foresaw (an answer that could not be read...): the claim may be in the
+            # API, so the devices stay reserved until a read-back tells (settling.py). Never a guess that it is not.
+            ctx.unsettled.add(marked, statuses.bound(marked, allocation, members))
             raise
         allocation = ctx.ledger.commit(group.key)
         ctx.state.keep(persisted)

@@ -65,11 +65,15 @@ class Runtime:
     async def start(self, *, identity: str | None = None) -> None:
         """Single replica: rebuild and schedule now. Electing: stand by until we hold the Lease (leadership.py)."""
         config = self.ctx.config
+        self.ctx.api.watch_idle_s = config.watch_idle_timeout
         if config.lease_name is None:
             self.ctx.api.fence = self._fence
             await self.rebuild()
             self._start_scheduling()
         else:
+            # Each Lease request within a third of the renew deadline (client-go's leader election client: half):
+            # one hung request (a dead connection), the retry period, and a try on a new connection all fit in it.
+            self.ctx.api.lease_timeout = max(1.0, config.renew_deadline / 3)
             elector = leadership_.LeaseElector(
                 self.ctx.api, namespace=config.namespace, name=config.lease_name,
                 identity=identity or "", lease_duration=config.lease_duration,

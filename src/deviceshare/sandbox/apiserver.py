@@ -64,6 +64,27 @@ def _list_head(rtype: catalog.ResourceType, rv: str) -> dict[str, Any]:
     return {"kind": f"{rtype.kind}List", "apiVersion": rtype.api_version, "metadata": {"resourceVersion": rv}}
 
 
+def _write_raw(request: kmock.Request, data: bytes) -> None:
+    raw = request._raw_request
+    if raw is not None and raw.transport is not None:
+        raw.transport.write(data)
+
+
+def _cut_short(request: kmock.Request, response: aiohttp.web.StreamResponse) -> None:
+    """The answer's head and the first half of its body, then the connection closed (``faults.Fault.cut``). The
+    head gives no length, so the end of the connection is the end of the body: nothing in the framing says the
+    body was cut (HTTP/1.1 allows it; a proxy that re-frames an answer may do it)."""
+    raw_body = response.body if isinstance(response, aiohttp.web.Response) else None
+    body = bytes(raw_body) if isinstance(raw_body, bytes | bytearray) and raw_body else b"{}"
+    head = (f"HTTP/1.1 {response.status} {response.reason}\r\nContent-Type: application/json\r\n"
+            f"Connection: close\r\n\r\n").encode()
+    _write_raw(request, head + body[: len(body) // 2])
+    raw = request._raw_request
+    if raw is not None and raw.transport is not None:
+        raw.transport.close()
+    raise faults.Dropped()
+
+
 class ApiServer(kmock.KubernetesScaffold):
     """kmock's Kubernetes scaffold with the store behind it instead of canned answers."""
 
@@ -134,6 +155,8 @@ class ApiServer(kmock.KubernetesScaffold):
         try:
             method = str(request.method.value)
             fault = self.faults.take(method, request.url.path)
+            if fault is not None and fault.interim:
+                _write_raw(request, b"HTTP/1.1 100 Continue\r\n\r\n")  # an interim answer first (faults.py)
             if fault is not None and fault.hold:
                 return await self._held(fault, request)
             if fault is None or fault.applied:
@@ -146,6 +169,8 @@ class ApiServer(kmock.KubernetesScaffold):
             if fault is not None and fault.applied:
                 if fault.delay:
                     await asyncio.sleep(fault.delay)  # carried out, answered late
+                if fault.cut:
+                    _cut_short(request, response)
                 self._fail(request, fault)
             return response
         except errors.ApiError as e:

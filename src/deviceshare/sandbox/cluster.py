@@ -8,8 +8,10 @@ so watchers see them; they skip admission webhooks, which only HTTP creates go t
 
 from __future__ import annotations
 
+import base64
 import copy
 import re
+import ssl
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -34,6 +36,7 @@ from deviceshare.sandbox import (
 )
 from deviceshare.sandbox import deployments as deployments_
 from deviceshare.sandbox import disruption as disruption_
+from deviceshare.sandbox import front as front_
 from deviceshare.sandbox import priority as priority_classes
 
 CONTEXT = "deviceshare-sandbox"
@@ -88,6 +91,8 @@ class Sandbox:
         disruption: bool = True,
         dra: bool = False,
         dra_shared: bool = False,
+        front: bool = False,
+        tls: tuple[bytes, ssl.SSLContext] | None = None,
     ) -> None:
         self.resource = resource
         self.gpus = gpus
@@ -120,6 +125,11 @@ class Sandbox:
         if self.kubelet is not None:
             self.kubelet.gpu_driver = self.dra_driver
         self._host, self._port = host, port
+        # Network faults (black holes, slow TLS handshakes: front.py) need clients to connect through a proxy;
+        # ``tls`` (a CA certificate's PEM, and a server context with a certificate it signed): that proxy serves
+        # HTTPS, and the kubeconfig trusts the CA.
+        self._front_wanted, self._tls = front or tls is not None, tls
+        self.front: front_.Front | None = None
         self._kubeconfig_path = kubeconfig_path
         self._server: kmock.Server | None = None
         self._scratch: tempfile.TemporaryDirectory[str] | None = None
@@ -145,6 +155,8 @@ class Sandbox:
         self._server = kmock.Server(self.api, host=self._host, port=self._port or None)
         await self._server.__aenter__()
         self.url = str(self._server.url).rstrip("/")
+        if self._front_wanted:
+            await self._start_front()
         self.kubeconfig = self.write_kubeconfig(self._kubeconfig_path)
         if self.kubelet is not None:
             self.kubelet.start()
@@ -169,6 +181,8 @@ class Sandbox:
             self.dra_driver.stop()
         self.store.close_watches()
         self.api.faults.clear()  # no request stays held past the end
+        if self.front is not None:
+            await self.front.stop()
         if self._server is not None:
             await self._server.__aexit__(exc_type, exc, tb)
             self._server = None
@@ -177,19 +191,27 @@ class Sandbox:
             self._scratch.cleanup()
             self._scratch = None
 
+    async def _start_front(self) -> None:
+        self.front = front_.in_front_of(self.url, tls=self._tls[1] if self._tls else None)
+        await self.front.start()
+        self.url = self.front.url
+
+    def _scratch_dir(self) -> str:
+        if self._scratch is None:
+            self._scratch = tempfile.TemporaryDirectory(prefix="deviceshare-sandbox-")
+        return self._scratch.name
+
     def write_kubeconfig(self, path: Path | None = None, *, token: str = "deviceshare-sandbox") -> Path:
         """A kubeconfig for this sandbox; the default token is no registered user, i.e. the admin."""
         if path is None:  # a private folder, removed again when the sandbox stops
-            if self._scratch is None:
-                self._scratch = tempfile.TemporaryDirectory(prefix="deviceshare-sandbox-")
-            path = Path(self._scratch.name) / "kubeconfig"
+            path = Path(self._scratch_dir()) / "kubeconfig"
         path.parent.mkdir(parents=True, exist_ok=True)
         config = {
             "apiVersion": "v1",
             "kind": "Config",
             "current-context": CONTEXT,
             "preferences": {},
-            "clusters": [{"name": CONTEXT, "cluster": {"server": self.url}}],
+            "clusters": [{"name": CONTEXT, "cluster": self._cluster_entry()}],
             "users": [{"name": CONTEXT, "user": {"token": token}}],
             "contexts": [
                 {"name": CONTEXT, "context": {"cluster": CONTEXT, "user": CONTEXT, "namespace": "default"}}
@@ -197,6 +219,12 @@ class Sandbox:
         }
         path.write_text(yaml.safe_dump(config, sort_keys=False))
         return path
+
+    def _cluster_entry(self) -> dict[str, str]:
+        entry = {"server": self.url}
+        if self._tls is not None:
+            entry["certificate-authority-data"] = base64.b64encode(self._tls[0]).decode()
+        return entry
 
     def kubeconfig_as(self, token: str) -> Path:
         """A kubeconfig next to :attr:`kubeconfig` whose requests are made as the user of ``token``
@@ -337,11 +365,14 @@ class Sandbox:
         drop: bool = False,
         every: int = 1,
         hold: bool = False,
+        interim: bool = False,
+        cut: bool = False,
     ) -> faults.Fault:
         """Make the next ``times`` requests of ``method`` whose path matches ``path`` fail or wait; with
         ``applied``, carry them out and then answer ``status`` (or, with ``drop``, close the connection);
         with ``every=n``, only each n-th matching request; with ``hold``, each waits in flight until
-        ``fault.release()`` (or ``clear_faults()``) and is then carried out, its client there or not."""
+        ``fault.release()`` (or ``clear_faults()``) and is then carried out, its client there or not; with
+        ``interim``, a ``100 Continue`` comes first; with ``cut`` (and ``applied``), half the answer, then a close."""
         return self.api.faults.add(
             faults.Fault(
                 method.upper() if method else None,
@@ -355,6 +386,8 @@ class Sandbox:
                 drop=drop,
                 every=every,
                 hold=hold,
+                interim=interim,
+                cut=cut,
             )
         )
 

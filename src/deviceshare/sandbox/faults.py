@@ -10,6 +10,11 @@ request") or, with ``drop``, not answered at all (the connection is closed after
 ``drop`` without ``applied`` closes the connection before the request is carried out. Each fault counts
 how often it ``fired``, so a test can prove that it did.
 
+Faults in the framing (issue 32): with ``interim`` an unasked-for ``100 Continue`` comes before the answer (RFC
+9110 §15.2: a client must read and skip any number of 1xx answers, which a proxy or load balancer in between
+may send, e.g. ``103 Early Hints``); with ``cut`` (and ``applied``) the answer's head and half its body come,
+then the connection closes: the write landed, its answer cannot be read.
+
 A ``hold`` fault keeps each request it fires on in flight until :meth:`Fault.release`, then carries it out
 whether or not its client is still there (a request already on its way: a test kills the client while
 its request is held, then lets it land), and ``answered`` records the status each one got, so a test
@@ -60,6 +65,8 @@ class Fault:
     given_up: int = 0  # delayed writes the server gave up on at their ``timeout`` (answered 504, not applied)
     abandoned: int = 0  # delayed requests whose client went away first (not carried out)
     hold: bool = False  # held until release(), then carried out even if the client has gone
+    interim: bool = False  # a ``100 Continue`` written before whatever the answer is
+    cut: bool = False  # with ``applied``: the answer's body cut in half by closing the connection
     answered: list[int] = dataclasses.field(default_factory=list)  # the status each held request got
     _released: asyncio.Event = dataclasses.field(default_factory=asyncio.Event, repr=False)
 

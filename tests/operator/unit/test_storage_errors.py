@@ -27,6 +27,7 @@ GROUP = {
 GROUP_PATH = "/apis/deviceshare.io/v1alpha1/namespaces/ns/shareddevicegroups/g"
 POD_PATH = "/api/v1/namespaces/ns/pods/p"
 BOUND = {"phase": "Bound", "nodeName": "n1", "allocatedDevices": {"nvidia.com/gpu": ["0"]}}
+NAMED = {"name": "g"}  # an object's 404 names it (kube-apiserver's NewNotFound)
 ANNOTATIONS = {names.POD_SELECTED_DEVICES_ANNOTATION: '{"nvidia.com/gpu":"0"}'}
 
 
@@ -50,7 +51,12 @@ class Script:
         self.api.on_write = lambda verb, resource, result: self.outcomes.append((verb, resource, result))
 
     async def _call(self, client: Any, method: str, path: str, body: Any = None, *, content_type: str = "",
-                    timeout: float | None = None, connections: Any = None) -> Any:
+                    timeout: float | None = None, connections: Any = None, send_window: Any = None) -> Any:
+        if send_window is not None:  # as http1 does, once connected
+            window = send_window()
+            if window is None:
+                raise http1.FenceClosed("the fence closed while connecting")
+            path += f"{'&' if '?' in path else '?'}timeout={int(window * 1000)}ms"
         self.sent.append(Sent(method, path, copy.deepcopy(body), content_type))
         assert self.answers, f"unexpected request {method} {path}"
         answer = self.answers.pop(0)
@@ -84,7 +90,10 @@ def pod(node: str | None = None, annotations: dict[str, str] | None = None, uid:
     ("failure", "error", "delay"),
     [
         pytest.param(rest.ApiError(409, "conflict"), storage.Conflict, None, id="409"),
-        pytest.param(rest.ApiError(404, "not found"), storage.Gone, None, id="404"),
+        pytest.param(rest.ApiError(404, "not found", details=NAMED), storage.Gone, None, id="404"),
+        # A 404 that names no object is about the path: the type is not served (a CRD not established yet).
+        pytest.param(rest.ApiError(404, "the server could not find the requested resource", details={}),
+                     storage.RetryLater, 1.0, id="404 of the type"),
         pytest.param(rest.ApiError(403, "forbidden"), storage.Invalid, None, id="403"),
         pytest.param(rest.ApiError(422, "invalid"), storage.Invalid, None, id="422"),
         pytest.param(rest.ApiError(429, "slow down", {"Retry-After": "7"}), storage.RetryLater, 7.0,
@@ -145,7 +154,8 @@ async def test_a_finalizer_write_replaces_the_list_conditionally(monkeypatch: py
         # Someone else wrote in between: decide again.
         pytest.param(rest.ApiError(503, "unavailable"), group_with(status={"phase": "Pending"}, resourceVersion="8"),
                      [], storage.Conflict, id="503, overtaken"),
-        pytest.param(rest.ApiError(504, "Timeout"), rest.ApiError(404, "gone"), [], storage.Gone, id="504, gone"),
+        pytest.param(rest.ApiError(504, "Timeout"), rest.ApiError(404, "gone", details=NAMED), [], storage.Gone,
+                     id="504, gone"),
     ],
 )
 async def test_a_lost_status_answer_is_resolved_by_reading_the_group_back(
@@ -196,7 +206,7 @@ async def test_a_lost_answer_that_cannot_be_read_back_stays_uncertain(monkeypatc
 async def test_a_binding_is_read_back_after_a_lost_answer_or_a_409(
     monkeypatch: pytest.MonkeyPatch, answer: Exception, read_back: Any, expect: type[Exception] | None
 ) -> None:
-    script = Script(monkeypatch, answer, rest.ApiError(404, "gone") if read_back is None else read_back)
+    script = Script(monkeypatch, answer, rest.ApiError(404, "gone", details=NAMED) if read_back is None else read_back)
     if expect is None:
         await script.api.bind_pod(("ns", "p"), "pu", "n1", ANNOTATIONS)
     else:
@@ -250,7 +260,8 @@ async def test_group_reads_answer_with_the_parsed_record(monkeypatch: pytest.Mon
 
 
 async def test_a_missing_group_reads_as_none(monkeypatch: pytest.MonkeyPatch) -> None:
-    script = Script(monkeypatch, rest.ApiError(404, "not found"), rest.ApiError(404, "not found"))
+    gone = rest.ApiError(404, "not found", details=NAMED)
+    script = Script(monkeypatch, gone, gone)
     assert await script.api.read_group_if_exists(("ns", "g")) is None
     with pytest.raises(storage.Gone):
         await script.api.read_group(("ns", "g"))

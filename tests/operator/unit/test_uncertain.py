@@ -9,6 +9,7 @@ counted as our member, and a deposed (cancelled) scheduler undoes nothing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 
@@ -154,3 +155,29 @@ async def test_a_cancelled_placement_rolls_nothing_back() -> None:
         await task
     assert [w.verb for w in h.api.writes] == ["finalizers", "status"]
     assert h.api.groups[G]["status"]["phase"] == "Bound"  # left as the API has it: the next term rebuilds from it
+
+
+async def test_an_unforeseen_error_from_the_claim_write_keeps_its_devices_as_a_lost_answer_does() -> None:
+    """Only errors known not to have applied release a claim: anything else (here an answer nobody could read,
+    after the write landed) may hide a landed claim, so its devices stay held until a read-back tells."""
+    h = Harness(node("n1", 2))
+    placed(h)
+    h.see(h.api.add_group("rival", resources={GPU: 2}))
+    h.see(h.api.add_pod("r", "rival"))
+    landing = h.api.patch_group_status
+
+    async def lands_then_fails(*args: object, **kwargs: object) -> object:
+        await landing(*args, **kwargs)  # type: ignore[arg-type]
+        raise ValueError("unexpected end of the answer")
+
+    h.api.patch_group_status = lands_then_fails  # type: ignore[method-assign]
+    with contextlib.suppress(ValueError):  # the scheduler may let it through: the claim is what matters
+        await h.scheduler.schedule(P)
+    assert G in h.ctx.unsettled
+    held = h.ctx.ledger.allocation(G)
+    assert held is not None and held.state is ledgers.AllocationState.RESERVED
+    assert (await h.scheduler.schedule(("ns", "r"))).result is Result.UNSCHEDULABLE  # the claim is in the API
+
+    h.api.patch_group_status = landing  # type: ignore[method-assign]
+    assert (await h.scheduler.schedule(P)).result is Result.BOUND
+    assert [w.verb for w in h.api.writes if w.key in (G, P)] == ["finalizers", "status", "bind"]

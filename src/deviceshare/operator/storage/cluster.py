@@ -71,7 +71,7 @@ class ClusterApi(listing.Collections, EventWrites):
     ) -> watching.Reflector:
         return watching.Reflector(
             call, sink, name=name, watch_timeout_s=self.watch_timeout_s, request_timeout_s=self.request_timeout,
-            resume_from=resume_from,
+            idle_timeout_s=self.watch_idle_s, resume_from=resume_from,
         )
 
     # -- reads ---------------------------------------------------------------------------------
@@ -106,7 +106,9 @@ class ClusterApi(listing.Collections, EventWrites):
     # -- the leader-election Lease (in the operator's own namespace only; see leadership.py) --------
 
     async def get_lease(self, own_namespace: str, name: str) -> dict[str, Any]:
-        data: dict[str, Any] = await self._call("GET", _lease_path(own_namespace, name), f"get lease {name}")
+        data: dict[str, Any] = await self._call(
+            "GET", _lease_path(own_namespace, name), f"get lease {name}", lease=True
+        )
         return data
 
     async def create_lease(self, own_namespace: str, body: Mapping[str, Any]) -> dict[str, Any]:
@@ -120,11 +122,11 @@ class ClusterApi(listing.Collections, EventWrites):
         return await self._lease_write("PUT", _lease_path(own_namespace, name), f"update lease {name}", body)
 
     async def _lease_write(self, method: str, path: str, what: str, body: Mapping[str, Any]) -> dict[str, Any]:
-        """Not fenced (it is how a replica becomes the leader) and not read back: the election reads the Lease
-        every round anyway, and a renewal whose answer was lost simply does not count as one."""
+        """Not fenced (it is how a replica becomes the leader); a write whose answer was lost is ``Uncertain``, and
+        the election reads the Lease back (leadership.py)."""
         verb = "create" if method == "POST" else "update"
         try:
-            data: dict[str, Any] = await self._call(method, path, what, dict(body))
+            data: dict[str, Any] = await self._call(method, path, what, dict(body), lease=True)
         except Conflict:
             self.on_write(verb, "leases", "conflict")
             raise

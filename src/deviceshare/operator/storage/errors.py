@@ -10,7 +10,7 @@ rest (retry with backoff), and for writes ``Uncertain`` (the answer was lost: it
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Protocol
+from typing import Any, Protocol
 
 
 class Conflict(Exception):
@@ -73,12 +73,17 @@ MIN_WRITE_WINDOW = 0.05  # s: a write that could only land in less is not sent
 
 
 def translate(
-    status: int, message: str, headers: Mapping[str, str] | None, what: str, *, write: bool = False
+    status: int, message: str, headers: Mapping[str, str] | None, what: str, *, write: bool = False,
+    details: Mapping[str, Any] | None = None,
 ) -> Exception:
     text = f"{what}: {status} {message}"
     if status == 409:
         return Conflict(text)
     if status == 404:
+        # An object's 404 names it in its details; one that names nothing is about the path: the resource type is
+        # not served (yet: a CRD not established on a restarted apiserver), which says nothing of the object.
+        if details is not None and not details.get("name"):
+            return RetryLater(f"{text} (the resource type is not served)", delay=1.0)
         return Gone(text)
     if status == 410:
         return Expired(text)

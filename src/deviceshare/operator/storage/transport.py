@@ -72,9 +72,14 @@ class Transport:
         # Writes and reads go over kept-alive HTTP/1.1 connections of our own (a third of aiohttp's CPU per
         # request; kube/http1.py), watches over the client's aiohttp session; None where a proxy is configured.
         self._connections = http1.Connections.for_client(api_client)
+        # The Lease's requests on connections of their own (client-go gives leader election a client of its own):
+        # a renewal never queues behind writes nor lands on a connection a burst of writes left dead.
+        self._lease_connections = http1.Connections.for_client(api_client)
+        self.lease_timeout = request_timeout  # each Lease request's; the election sets it (half its renew deadline)
         # No call may hang for ever: a stuck write would hold its group's lock.
         self.request_timeout = request_timeout
         self.watch_timeout_s = 300  # the server ends a watch after this long; it is then resumed
+        self.watch_idle_s = 65.0  # a watch silent this long is taken for dead and resumed (watching.py)
         # Who may write, and for how long (the runtime installs the leader's fence when it elects).
         self.fence: Fence = OpenFence(request_timeout)
         # Each write's outcome, as (verb, resource, result): deviceshare_api_writes_total (see metrics.py).
@@ -83,8 +88,9 @@ class Transport:
         self._unsettled_until = 0.0
 
     async def close(self) -> None:
-        if self._connections is not None:
-            await self._connections.close()
+        for connections in (self._connections, self._lease_connections):
+            if connections is not None:
+                await connections.close()
         await self._client.close()
 
     async def _call(
@@ -95,16 +101,24 @@ class Transport:
         body: Any = None,
         *,
         content_type: str = "application/json",
+        lease: bool = False,
     ) -> Any:
-        """A read (or a Lease write, which the election guards itself)."""
+        """A read, or (``lease``) a request for the Lease, which the election guards itself: on the Lease's own
+        connections and within its own timeout; a Lease write whose answer was lost is ``Uncertain``."""
         try:
             return await rest.call(
-                self._client, method, path, body, content_type=content_type, timeout=self.request_timeout,
-                connections=self._connections,
+                self._client, method, path, body, content_type=content_type,
+                timeout=self.lease_timeout if lease else self.request_timeout,
+                connections=self._lease_connections if lease else self._connections,
             )
         except rest.ApiError as e:
-            raise translate(e.status, e.message, e.headers, what) from e
+            raise translate(e.status, e.message, e.headers, what, details=e.details,
+                            write=lease and method != "GET") from e
+        except (aiohttp.ClientConnectorError, http1.NotSent) as e:
+            raise RetryLater(f"{what}: {e!r}", delay=1.0) from e
         except (aiohttp.ClientError, TimeoutError) as e:
+            if lease and method != "GET":
+                raise Uncertain(f"{what}: the answer was lost ({type(e).__name__}: {e})") from e
             raise RetryLater(f"{what}: {e!r}", delay=1.0) from e
 
     async def _write(
@@ -122,22 +136,35 @@ class Transport:
         """A write, fenced and bounded: sent only while this replica may write, with the server told to give it
         up once that time is over. Its outcome is counted, except an ``Uncertain`` one the caller resolves
         (``resolved_by_caller``: it counts ``uncertain_resolved`` or ``failed`` itself)."""
-        window = self.fence.remaining()
-        if window is None or window < MIN_WRITE_WINDOW:
+        deadline = time.monotonic() + self.request_timeout  # when an abandoned write is given up at the latest
+
+        def window() -> float | None:
+            """The fence's time left, asked at the moment of sending (after connecting and TLS): the write goes
+            with it as the server's ``timeout``, or not at all."""
+            nonlocal deadline
+            left = self.fence.remaining()
+            if left is None or left < MIN_WRITE_WINDOW:
+                return None
+            left = min(left, self.request_timeout)
+            deadline = time.monotonic() + left
+            return left
+
+        if window() is None:
             self.on_write(verb, resource, "fenced")
             raise Fenced(f"{what}: not sent, this replica is not the leader")
-        window = min(window, self.request_timeout)
-        deadline = time.monotonic() + window
         try:
             answer = await rest.call(
-                self._client, method, f"{path}?timeout={int(window * 1000)}ms", body,
-                content_type=content_type, timeout=window + 1.0, connections=self._connections,
+                self._client, method, path, body, content_type=content_type,
+                timeout=self.request_timeout + http1.SEND_SLACK, connections=self._connections, send_window=window,
             )
         except asyncio.CancelledError:  # abandoned, not withdrawn: the server may still apply it
             self._unsettled_until = max(self._unsettled_until, deadline)
             raise
+        except http1.FenceClosed as e:  # the fence closed while connecting: nothing was sent
+            self.on_write(verb, resource, "fenced")
+            raise Fenced(f"{what}: not sent, the fence closed while connecting") from e
         except rest.ApiError as e:
-            error = translate(e.status, e.message, e.headers, what, write=True)
+            error = translate(e.status, e.message, e.headers, what, write=True, details=e.details)
             self._count_failure(verb, resource, error, resolved_by_caller)
             raise error from e
         except (aiohttp.ClientConnectorError, http1.NotSent) as e:  # never reached the server: certainly not applied
