@@ -51,9 +51,11 @@ async def call(
     content_type: str = "application/json",
     timeout: float | None = None,  # noqa: ASYNC109 — the HTTP client's own request timeout
     connections: http1.Connections | None = None,
+    raw: bool = False,
 ) -> Any:
-    """``method path`` with ``body``; returns the parsed JSON answer (``{}`` if empty). ``connections``: send it
-    over these (:mod:`http1`) rather than the client's aiohttp session."""
+    """``method path`` with ``body``; returns the parsed JSON answer (``{}`` if empty), or with ``raw`` its bytes
+    undecoded (a list's, which :mod:`listbodies` decodes item by item). ``connections``: send it over these
+    (:mod:`http1`) rather than the client's aiohttp session."""
     rest = api.rest_client
     headers = {**api.default_headers, "Content-Type": content_type, "Accept": "application/json"}
     if api.cookie:
@@ -64,6 +66,8 @@ async def call(
         answer = await connections.request(method, path, headers, data, timeout=timeout)
         if answer.status >= 400:
             raise ApiError(answer.status, _message(answer.body), dict(answer.headers))
+        if raw:
+            return answer.body
         return orjson.loads(answer.body) if answer.body else {}
     extra: dict[str, Any] = {}
     if rest.proxy:
@@ -75,10 +79,12 @@ async def call(
     async with rest.pool_manager.request(
         method, f"{api.configuration.host}{path}", data=data, headers=headers, timeout=_timeout(timeout), **extra
     ) as resp:
-        raw = await resp.read()
+        answer_body = await resp.read()
         if resp.status >= 400:
-            raise ApiError(int(resp.status), _message(raw), dict(resp.headers))
-    return orjson.loads(raw) if raw else {}
+            raise ApiError(int(resp.status), _message(answer_body), dict(resp.headers))
+    if raw:
+        return answer_body
+    return orjson.loads(answer_body) if answer_body else {}
 
 
 def _plain(value: Any) -> Any:

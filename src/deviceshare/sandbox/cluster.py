@@ -75,6 +75,7 @@ class Sandbox:
         intel_nodes: int = 0,
         deployments: bool = False,
         disruption: bool = True,
+        whole_lists: bool = False,
     ) -> None:
         self.resource = resource
         self.gpus = gpus
@@ -93,6 +94,7 @@ class Sandbox:
             bookmark_interval=bookmark_interval,
             users={**identity.DEFAULT_TOKENS, **(users or {})},
         )
+        self.api.whole_lists = whole_lists  # every list answered in one body, ``limit`` ignored (apiserver.py)
         self.kubelet = kubelet.Kubelet(self.store, kubelet_delay) if kubelet_delay else None
         # Off by default: most tests create a Deployment's pods themselves (or none at all).
         self.deployments = deployments_.DeploymentController(self.store, self.admission) if deployments else None

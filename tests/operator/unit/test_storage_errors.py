@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+import orjson
 import pytest
 
 from deviceshare.api import names
@@ -50,7 +51,7 @@ class Script:
         self.api.on_write = lambda verb, resource, result: self.outcomes.append((verb, resource, result))
 
     async def _call(self, client: Any, method: str, path: str, body: Any = None, *, content_type: str = "",
-                    timeout: float | None = None, connections: Any = None) -> Any:
+                    timeout: float | None = None, connections: Any = None, raw: bool = False) -> Any:
         self.sent.append(Sent(method, path, copy.deepcopy(body), content_type))
         assert self.answers, f"unexpected request {method} {path}"
         answer = self.answers.pop(0)
@@ -58,7 +59,7 @@ class Script:
             answer = answer(self.sent[-1])
         if isinstance(answer, BaseException):
             raise answer
-        return copy.deepcopy(answer)
+        return orjson.dumps(answer) if raw else copy.deepcopy(answer)
 
     def requests(self) -> list[tuple[str, str]]:
         """(method, path without query) of each request sent."""

@@ -95,12 +95,13 @@ class Transport:
         body: Any = None,
         *,
         content_type: str = "application/json",
+        raw: bool = False,
     ) -> Any:
-        """A read (or a Lease write, which the election guards itself)."""
+        """A read (or a Lease write, which the election guards itself); ``raw``: the answer's bytes, undecoded."""
         try:
             return await rest.call(
                 self._client, method, path, body, content_type=content_type, timeout=self.request_timeout,
-                connections=self._connections,
+                connections=self._connections, raw=raw,
             )
         except rest.ApiError as e:
             raise translate(e.status, e.message, e.headers, what) from e
