@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gc
 import multiprocessing
 import re
 import tempfile
@@ -52,6 +53,7 @@ class Restart:
     read_mib: float
     placed_s: float  # operator launch → the waiting pod bound
     ready_s: float  # operator launch → /readyz 200
+    placed_cpu_s: float  # the operator's CPU seconds (all threads) from launch to the pod bound
     rss: tuple[float, float]  # settled, peak
     lists: dict[str, int]  # LIST requests begun, by plural
     writes: dict[str, int]  # the operator's writes by "verb resource result"
@@ -62,6 +64,49 @@ class RestartResult:
     sizes: scalestate.ScaleSizes
     fill_s: float
     runs: list[Restart]
+    decoding: dict[str, tuple[float, float, float]]  # how -> (body MiB, seconds, peak RSS MiB of its process)
+
+
+def _decode_child(how: str, size: scalestate.ScaleSizes, out: Any) -> None:
+    """In a fresh process: every pod of the envelope in one list body, made into the operator's pod records,
+    decoded whole (``orjson.loads``, as before issue 34) or item by item (``listbodies``); its peak RSS."""
+    import orjson
+
+    from deviceshare.kube import listbodies
+    from deviceshare.operator import state
+
+    pods = []
+    for g in range(size.groups):
+        node, _ = scalestate.placed(size, g)
+        for i in range(size.pods_per_group):
+            pod = scalestate.member(size, g, i)
+            pod["status"] = scalestate.running_status(node)
+            pods.append(orjson.dumps(pod))
+    body = b'{"kind":"PodList","apiVersion":"v1","metadata":{"resourceVersion":"1"},"items":[' + b",".join(pods) + b"]}"
+    del pods
+    gc.collect()
+    started = time.perf_counter()
+    if how == "whole":
+        records = [state.pod_record(p) for p in orjson.loads(body)["items"]]
+    else:
+        records = [state.pod_record(p) for p in listbodies.ListBody(body).items()]
+    seconds = time.perf_counter() - started
+    peak = next(int(line.split()[1]) for line in Path("/proc/self/status").read_text().splitlines()
+                if line.startswith("VmHWM:"))
+    out.put((len(body) / 2**20, seconds, peak / 1024, len(records)))
+
+
+def _decoding(size: scalestate.ScaleSizes) -> dict[str, tuple[float, float, float]]:
+    found = {}
+    ctx = multiprocessing.get_context("spawn")
+    for how in ("whole", "item by item"):
+        out = ctx.Queue()
+        child = ctx.Process(target=_decode_child, args=(how, size, out))
+        child.start()
+        mib, seconds, peak, _ = out.get(timeout=1800)
+        child.join()
+        found[how] = (mib, seconds, peak)
+    return found
 
 
 async def _read(url: str, headers: dict[str, str]) -> tuple[float, int]:
@@ -142,6 +187,7 @@ def _restart(kubeconfig: Path, commands: Any, results: Any, mode: str) -> Restar
 
         def poll() -> None:
             with_bound["s"] = asyncio.run(_bound_after(url, headers, name, started, 900))
+            with_bound["cpu"] = operator.cpu_seconds()
 
         poller = threading.Thread(target=poll)
         poller.start()
@@ -156,7 +202,8 @@ def _restart(kubeconfig: Path, commands: Any, results: Any, mode: str) -> Restar
     commands.put("lists")
     after = results.get(timeout=60)
     lists = {p: after.get(p, 0) - before.get(p, 0) for p in READ}
-    return Restart(mode, read_s, read_bytes / 2**20, with_bound["s"], ready_s, rss, lists, writes)
+    return Restart(mode, read_s, read_bytes / 2**20, with_bound["s"], ready_s, with_bound["cpu"], rss, lists,
+                   writes)
 
 
 def measure(quick: bool) -> RestartResult:
@@ -171,7 +218,7 @@ def measure(quick: bool) -> RestartResult:
             runs = [_restart(kubeconfig, commands, sandbox.results, mode) for mode in ("paged", "whole")]
         finally:
             sandbox.stop()
-    return RestartResult(size, fill_s, runs)
+    return RestartResult(size, fill_s, runs, _decoding(size))
 
 
 def _ok(met: bool) -> str:
@@ -191,6 +238,8 @@ def section(r: RestartResult) -> str:
              f"{run.read_s:.2f} s", "", ""),
             (f"{run.mode}: operator launch → the waiting pod bound (first placement)", f"**{run.placed_s:.2f} s**",
              f"≤ read + {TARGET_SLACK_S:.0f} s ({target:.1f} s)", _ok(run.placed_s <= target)),
+            (f"{run.mode}: operator CPU from launch to that placement (imports, start-up, rebuild; all threads)",
+             f"{run.placed_cpu_s:.1f} s", "", ""),
             (f"{run.mode}: operator launch → ready", f"{run.ready_s:.2f} s", "", ""),
             (f"{run.mode}: operator RSS once settled (peak)", f"**{rss:,.0f} MiB** ({peak:,.0f})", "< 1 GiB",
              f"{_ok(rss < TARGET_RSS_MIB)} (peak {_ok(peak < TARGET_RSS_MIB)})"),
@@ -198,6 +247,9 @@ def section(r: RestartResult) -> str:
              _ok(all(run.lists[p] == 1 for p in READ))),
             (f"{run.mode}: the operator's writes (verb, resource, result)", writes, "one placement's", ""),
         ]
+    for how, (mib, seconds, peak) in r.decoding.items():
+        rows.append((f"one list body of every pod ({mib:,.0f} MiB) made into pod records, decoded {how}: "
+                     "peak RSS of its process (seconds)", f"**{peak:,.0f} MiB** ({seconds:.2f} s)", "", ""))
     table = "\n".join(f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows)
     return f"""## Restart at Kubernetes' envelope: {s.pods:,} pods in {s.groups:,} groups on {s.nodes:,} nodes, one read
 
