@@ -12,7 +12,8 @@ that snapshot), so the watch starts from there as soon as the first page is in, 
 a relist of 150,000 pods takes tens of seconds, and a pod created meanwhile is seen (and scheduled) at once
 rather than after the last page. A change the watch brings is newer than anything in the list, so the list's
 own copy of that object is dropped when its page comes; the objects the watch added are handed over as a last
-page, so that the end of the list does not take them for deleted.
+page, so that the end of the list does not take them for deleted. A server that ignores ``limit`` answers with the
+whole list in one body: its items are decoded a page's worth at a time as they are handed over (``listbodies``).
 
 Objects are plain dicts as the API sends them; list items carry no ``kind``/``apiVersion``. Lists and
 watch lines are decoded by orjson (the operator's and the webhook's most frequent decoding: every event).
