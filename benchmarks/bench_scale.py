@@ -14,7 +14,11 @@ In order, against one sandbox process holding that state:
    timed apart from the transfer), then placement decisions on the rebuilt ledger (2,000 arrivals, a random older
    group leaving after each), timed one by one.
 
+5. (``scalerestart.py``, its own sandbox) the operator restarted into 140,000 pods with one new group waiting, the
+   sandbox paging its lists and then answering them whole: first placement beside the sandbox's own read.
+
     python -m benchmarks.bench_scale --quick    # 500 nodes, 15,000 pods
+    python -m benchmarks.bench_scale --restart  # step 5 only
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ from typing import Any
 import aiohttp
 import psutil  # type: ignore[import-untyped]
 
-from benchmarks import baseline, scalestate
+from benchmarks import baseline, scalerestart, scalestate
 from benchmarks.bench_operator import CachedLists, metric
 from benchmarks.sandboxes import Child, cpu_seconds, rss_mib, server_of
 from deviceshare.api import names
@@ -370,14 +374,16 @@ own processes (`deviceshare operator`, `deviceshare webhook`).
 
 
 def run(quick: bool) -> str:
-    return section(measure(quick))
+    return section(measure(quick)) + "\n" + scalerestart.run(quick)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--restart", action="store_true",
+                        help="only the restart into the envelope with one group waiting (scalerestart.py)")
     args = parser.parse_args(argv)
-    print(run(args.quick))
+    print(scalerestart.run(args.quick) if args.restart else run(args.quick))
     return 0
 
 

@@ -10,7 +10,9 @@ encoded-JSON cache.
 
 The child also takes commands (``commands`` queue): ``"expire"`` moves the resourceVersion past every watcher's,
 forgets the watch history and closes every watch, so each client's resume gets 410 Gone and relists, as after an
-API server's watch cache moved on.
+API server's watch cache moved on; ``"whole"`` / ``"paged"`` make its lists ignore ``limit`` (one body each, as
+kube-apiserver's watch cache answered resourceVersion=0) or page again; ``"lists"`` puts the LIST requests it has
+begun, by plural, on ``results``.
 """
 
 from __future__ import annotations
@@ -159,6 +161,10 @@ async def _serve(
             command = commands.get()
             if command == "expire":
                 loop.call_soon_threadsafe(expire)
+            elif command in ("whole", "paged"):  # every list answered whole (limit ignored), or in pages
+                loop.call_soon_threadsafe(setattr, sandbox.api, "whole_lists", command == "whole")
+            elif command == "lists":  # the LIST requests begun so far, by plural
+                loop.call_soon_threadsafe(lambda: results.put(dict(sandbox.api.lists)))
             elif command == "stop":
                 return
 

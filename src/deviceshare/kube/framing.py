@@ -112,7 +112,10 @@ class Connection(asyncio.Protocol):
             if not self._parse_head():
                 return
         if self._framing == "length":
-            if len(self._buffer) >= self._length:
+            if len(self._buffer) == self._length:  # the usual case: taken as it is, not copied (a whole list
+                self._body, self._buffer = self._buffer, bytearray()  # of 140,000 pods is 230 MiB)
+                self._finish()
+            elif len(self._buffer) > self._length:
                 self._body = self._buffer[: self._length]
                 del self._buffer[: self._length]
                 self._finish()

@@ -68,25 +68,27 @@ async def call(
     timeout: float | None = None,  # noqa: ASYNC109 — the HTTP client's own request timeout
     connections: http1.Connections | None = None,
     send_window: Callable[[], float | None] | None = None,
+    raw: bool = False,
 ) -> Any:
-    """``method path`` with ``body``; returns the parsed JSON answer (``{}`` if empty). ``connections``: send it
-    over these (:mod:`http1`) rather than the client's aiohttp session; ``send_window``: see
+    """``method path`` with ``body``; returns the parsed JSON answer (``{}`` if empty), or with ``raw`` its bytes
+    undecoded (a list's, which :mod:`listbodies` decodes item by item). ``connections``: send it over these
+    (:mod:`http1`) rather than the client's aiohttp session; ``send_window``: see
     :meth:`http1.Connections.request` (without ``connections`` it is asked before connecting)."""
     data = None if body is None else body if isinstance(body, bytes) else orjson.dumps(body, default=_plain)
     try:
-        return await _send(api, method, path, data, content_type, timeout, connections, send_window)
+        return await _send(api, method, path, data, content_type, timeout, connections, send_window, raw)
     except ApiError as e:
         # Refused before anything was done: with a credential that can be renewed (an exec plugin's), once more
         # with a new one, as client-go's exec authenticator does after a 401.
         if e.status != 401 or not credentials.invalidate(api.configuration):
             raise
-    return await _send(api, method, path, data, content_type, timeout, connections, send_window)
+    return await _send(api, method, path, data, content_type, timeout, connections, send_window, raw)
 
 
 async def _send(
     api: client.ApiClient, method: str, path: str, data: bytes | None, content_type: str,
     timeout: float | None,  # noqa: ASYNC109 — the HTTP client's own request timeout
-    connections: http1.Connections | None, send_window: Callable[[], float | None] | None,
+    connections: http1.Connections | None, send_window: Callable[[], float | None] | None, raw: bool,
 ) -> Any:
     rest = api.rest_client
     headers = {**api.default_headers, "Content-Type": content_type, "Accept": "application/json"}
@@ -97,7 +99,7 @@ async def _send(
         answer = await connections.request(method, path, headers, data, timeout=timeout, send_window=send_window)
         if answer.status >= 400:
             raise _error(answer.status, answer.body, dict(answer.headers))
-        return _parsed(answer.body)
+        return answer.body if raw else _parsed(answer.body)
     if send_window is not None:  # aiohttp connects inside the request: the window is taken before connecting
         window = send_window()
         if window is None:
@@ -114,10 +116,10 @@ async def _send(
     async with rest.pool_manager.request(
         method, f"{api.configuration.host}{path}", data=data, headers=headers, timeout=_timeout(timeout), **extra
     ) as resp:
-        raw = await resp.read()
+        answer_body = await resp.read()
         if resp.status >= 400:
-            raise _error(int(resp.status), raw, dict(resp.headers))
-    return _parsed(raw)
+            raise _error(int(resp.status), answer_body, dict(resp.headers))
+    return answer_body if raw else _parsed(answer_body)
 
 
 def _plain(value: Any) -> Any:

@@ -12,7 +12,8 @@ that snapshot), so the watch starts from there as soon as the first page is in, 
 a relist of 150,000 pods takes tens of seconds, and a pod created meanwhile is seen (and scheduled) at once
 rather than after the last page. A change the watch brings is newer than anything in the list, so the list's
 own copy of that object is dropped when its page comes; the objects the watch added are handed over as a last
-page, so that the end of the list does not take them for deleted.
+page, so that the end of the list does not take them for deleted. A server that ignores ``limit`` answers with the
+whole list in one body: its items are decoded a page's worth at a time as they are handed over (``listbodies``).
 
 Objects are plain dicts as the API sends them; list items carry no ``kind``/``apiVersion``. Lists and
 watch lines are decoded by orjson (the operator's and the webhook's most frequent decoding: every event).
@@ -21,15 +22,18 @@ watch lines are decoded by orjson (the operator's and the webhook's most frequen
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 import aiohttp
 import orjson
+
+from . import listbodies
 
 logger = logging.getLogger(__name__)
 
@@ -178,21 +182,27 @@ class Reflector:
                 kwargs: dict[str, Any] = {"limit": self._page_size}
                 if token:
                     kwargs["_continue"] = token
-                body = await self._request(kwargs, self._request_timeout_s, read_body=True)
-                found = body.get("items") or []
-                count += len(found)
-                meta = body.get("metadata") or {}
+                body: listbodies.ListBody = await self._request(kwargs, self._request_timeout_s, read_body=True)
+                meta = body.head.get("metadata")  # None: written after the items (a custom resource's list)
+                if meta is not None:
+                    self._beside(meta)
+                # A server that ignores ``limit`` sends the whole list at once: handed over in pages all the same,
+                # each decoded as it is handed over, the workers let run between them.
+                for found in _batched(body.items(), self._page_size):
+                    count += len(found)
+                    if self._live:
+                        found = [o for o in found if _key(o) not in self._live]  # the watch has a newer one
+                    if paged is not None:
+                        paged.page(found)  # handed over at once: no page waits for the last one
+                        await asyncio.sleep(0)
+                    else:
+                        items.extend(found)
+                    del found
+                if meta is None:
+                    meta = body.head.get("metadata") or {}
+                    self._beside(meta)
                 token = meta.get("continue")
                 del body
-                if token and self._watching is None and meta.get("resourceVersion"):
-                    self._watch_beside(str(meta["resourceVersion"]))  # more pages to come: watch meanwhile
-                if self._live:
-                    found = [o for o in found if _key(o) not in self._live]  # the watch has a newer one
-                if paged is not None:
-                    paged.page(found)  # handed over at once: no page waits for the last one
-                else:
-                    items.extend(found)
-                del found
                 if not token:
                     break
             version = str(meta.get("resourceVersion") or "") or None
@@ -218,6 +228,11 @@ class Reflector:
         self.relists += 1
         self._backoff.reset()
         self.synced.set()
+
+    def _beside(self, meta: Mapping[str, Any]) -> None:
+        """More pages to come (``meta`` has a continue token): watch meanwhile, from the list's resourceVersion."""
+        if meta.get("continue") and self._watching is None and meta.get("resourceVersion"):
+            self._watch_beside(str(meta["resourceVersion"]))
 
     def _watch_beside(self, version: str) -> None:
         """Starts watching from the list's ``version`` while its next pages are read; a watch that ends meanwhile
@@ -291,9 +306,15 @@ class Reflector:
         if not read_body:
             return resp
         try:
-            return orjson.loads(await resp.read())
+            return listbodies.ListBody(await resp.read())
         finally:
             resp.release()
+
+
+def _batched(objects: Iterator[Object], size: int) -> Iterator[list[Object]]:
+    """``objects`` in lists of ``size`` (the last one shorter), each taken from ``objects`` only when asked for."""
+    while batch := list(itertools.islice(objects, size)):
+        yield batch
 
 
 def _retrieve(task: asyncio.Task[None]) -> None:

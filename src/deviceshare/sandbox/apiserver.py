@@ -13,6 +13,7 @@ and ``timeoutSeconds``, are in ``watching``.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 from collections.abc import Mapping
 from typing import Any
@@ -100,6 +101,15 @@ class ApiServer(kmock.KubernetesScaffold):
         self.store = objects
         self.admission = webhooks
         self.pages = paging.Pages()  # lists asked for with ``limit`` / ``continue``
+        # Every list answered whole, ``limit`` ignored: as kube-apiserver's watch cache served a list at
+        # resourceVersion=0 for years (the API concepts page, "Semantics for get and list": with the watch cache
+        # on, such a list "may" ignore limit; the cacher delegated only lists with a limit *and* another
+        # resourceVersion to etcd, which pages). A client must cope with one huge body.
+        self.whole_lists = False
+        # LIST requests served, by plural: ``lists`` counts the lists begun (a first page, or a whole list),
+        # ``pages`` every page of them (tests count a restart's reads of the cluster with these).
+        self.lists: collections.Counter[str] = collections.Counter()
+        self.pages_served: collections.Counter[str] = collections.Counter()
         self.users = dict(identity.DEFAULT_TOKENS if users is None else users)  # bearer token -> user
         self.faults = faults.Faults()
         self._held_requests: set[asyncio.Task[aiohttp.web.StreamResponse]] = set()
@@ -356,6 +366,11 @@ class ApiServer(kmock.KubernetesScaffold):
             return _json(tables.table(rtype, items, rv, request.params.get("includeObject", "Metadata")))
         labels, fields = parsing.selectors_of(request.params, rtype)
         limit, token = _limit(request.params.get("limit")), request.params.get("continue")
+        if self.whole_lists:
+            limit = None  # a continue token from before the switch still pages on to its end
+        self.pages_served[rtype.plural] += 1
+        if not token:
+            self.lists[rtype.plural] += 1
         if limit or token:  # paged (see paging)
             encoded, rv, token = self.pages.page(self.store, rtype, ns, labels, fields, limit, token)
         else:

@@ -93,6 +93,7 @@ class Sandbox:
         dra_shared: bool = False,
         front: bool = False,
         tls: tuple[bytes, ssl.SSLContext] | None = None,
+        whole_lists: bool = False,
     ) -> None:
         self.resource = resource
         self.gpus = gpus
@@ -111,6 +112,7 @@ class Sandbox:
             bookmark_interval=bookmark_interval,
             users={**identity.DEFAULT_TOKENS, **(users or {})},
         )
+        self.api.whole_lists = whole_lists  # every list answered in one body, ``limit`` ignored (apiserver.py)
         self.kubelet = kubelet.Kubelet(self.store, kubelet_delay) if kubelet_delay else None
         # Off by default: most tests create a Deployment's pods themselves (or none at all).
         self.deployments = deployments_.DeploymentController(self.store, self.admission) if deployments else None

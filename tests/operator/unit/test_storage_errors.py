@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+import orjson
 import pytest
 
 from deviceshare.api import names
@@ -51,7 +52,8 @@ class Script:
         self.api.on_write = lambda verb, resource, result: self.outcomes.append((verb, resource, result))
 
     async def _call(self, client: Any, method: str, path: str, body: Any = None, *, content_type: str = "",
-                    timeout: float | None = None, connections: Any = None, send_window: Any = None) -> Any:
+                    timeout: float | None = None, connections: Any = None, send_window: Any = None,
+                    raw: bool = False) -> Any:
         if send_window is not None:  # as http1 does, once connected
             window = send_window()
             if window is None:
@@ -64,7 +66,7 @@ class Script:
             answer = answer(self.sent[-1])
         if isinstance(answer, BaseException):
             raise answer
-        return copy.deepcopy(answer)
+        return orjson.dumps(answer) if raw else copy.deepcopy(answer)
 
     def requests(self) -> list[tuple[str, str]]:
         """(method, path without query) of each request sent."""

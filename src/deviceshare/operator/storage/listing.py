@@ -5,7 +5,10 @@ it (several times that) sat in memory together before the first record was made,
 back down (1.4 GiB measured, see docs/benchmarks.md). Page by page, only one page of dicts lives at a time: each is
 handed to ``transform`` (``state.pod_record``, ``state.group_record``...) and dropped. The list's resourceVersion
 is the one its pages are read at (kube-apiserver serves every page at the first page's), so a watch resumed from
-it misses nothing. A continue token that expires midway (410) starts the list again, a few times at most.
+it misses nothing. A continue token that expires midway (410) starts the list again, a few times at most. A server
+that ignores ``limit`` (kube-apiserver's watch cache at resourceVersion=0) sends the whole list in one body: its
+items are decoded one at a time (``kube/listbodies.py``), so even then one item's dicts live at a time, beside the
+body's bytes.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from typing import Any, TypeVar, overload
 from urllib.parse import quote
 
 from deviceshare.api import names
-from deviceshare.kube import watching
+from deviceshare.kube import listbodies, watching
 
 from .errors import Expired
 from .transport import Transport
@@ -58,11 +61,13 @@ class Collections(Transport):
         self, path: str, what: str, transform: Callable[[Body], Any] | None = None, *, page: int = PAGE
     ) -> watching.Listing[Any]:
         """Every object at ``path`` (a collection), each through ``transform`` (``None``: kept as it is). The pages
-        in order; the next one is asked for as soon as a page arrives, so the server (another process) prepares
-        and sends it while this one makes records of the last. A 410 midway starts again, a few times at most."""
+        in order; the next one is asked for as soon as a page's metadata is in, so the server (another process)
+        prepares and sends it while this one makes records of the last. A 410 midway starts again, a few times at
+        most. A server that ignores ``limit`` answers in one body: its items are decoded one at a time
+        (``listbodies``), each made into a record before the next, so their dicts never sit in memory together."""
         def ask(token: str | None) -> asyncio.Future[Any]:
             query = f"?limit={page}" + (f"&continue={quote(token, safe='')}" if token else "")
-            return asyncio.ensure_future(self._call("GET", path + query, what))
+            return asyncio.ensure_future(self._call("GET", path + query, what, raw=True))
 
         for attempt in range(RESTARTS + 1):
             items: list[Any] = []
@@ -70,17 +75,20 @@ class Collections(Transport):
             pending = ask(None)
             try:
                 while True:
-                    data = await pending
-                    meta = data.get("metadata") or {}
-                    token = meta.get("continue") or None
-                    if token:
-                        pending = ask(token)
+                    body = listbodies.ListBody(await pending)
+                    meta = body.head.get("metadata")  # None: written after the items (a custom resource's list)
+                    if meta is not None and meta.get("continue"):
+                        pending = ask(str(meta["continue"]))
+                    found = body.items()
+                    items.extend(found if transform is None else map(transform, found))
+                    if meta is None:
+                        meta = body.head.get("metadata") or {}
+                        if meta.get("continue"):
+                            pending = ask(str(meta["continue"]))
+                    del body, found
                     if version is None and meta.get("resourceVersion"):
                         version = str(meta["resourceVersion"])
-                    found = data.get("items") or []
-                    items.extend(found if transform is None else map(transform, found))
-                    del data, found
-                    if not token:
+                    if not meta.get("continue"):
                         return watching.Listing(items, version)
             except Expired:
                 if attempt == RESTARTS:

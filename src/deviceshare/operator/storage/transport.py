@@ -102,14 +102,16 @@ class Transport:
         *,
         content_type: str = "application/json",
         lease: bool = False,
+        raw: bool = False,
     ) -> Any:
         """A read, or (``lease``) a request for the Lease, which the election guards itself: on the Lease's own
-        connections and within its own timeout; a Lease write whose answer was lost is ``Uncertain``."""
+        connections and within its own timeout; a Lease write whose answer was lost is ``Uncertain``. ``raw``:
+        the answer's bytes, undecoded."""
         try:
             return await rest.call(
                 self._client, method, path, body, content_type=content_type,
                 timeout=self.lease_timeout if lease else self.request_timeout,
-                connections=self._lease_connections if lease else self._connections,
+                connections=self._lease_connections if lease else self._connections, raw=raw,
             )
         except rest.ApiError as e:
             raise translate(e.status, e.message, e.headers, what, details=e.details,
