@@ -190,6 +190,21 @@ def test_subcommand_help_loads_no_client_library(env: dict[str, str], name: str)
     assert result.stderr.strip() == "[]", f"deviceshare {name} --help imports {result.stderr.strip()}"
 
 
+def test_without_the_certs_extra_certs_names_it_in_one_line(env: dict[str, str], tmp_path: Path) -> None:
+    # The operator/webhook image: cryptography is the optional extra deviceshare[certs].
+    hidden = tmp_path / "hidden" / "cryptography"
+    hidden.mkdir(parents=True)
+    (hidden / "__init__.py").write_text("raise ImportError('No module named cryptography')\n")
+    env = {**env, "PYTHONPATH": f"{hidden.parent}{os.pathsep}{SRC}"}
+    result = deviceshare(env, "certs", "--out", str(tmp_path / "out"))
+    assert result.returncode == cli.EXIT_CONFIG
+    assert result.stderr.splitlines() == [
+        "deviceshare certs: certificates need the optional extra: pip install 'deviceshare[certs]' "
+        "(missing: cryptography)"
+    ]
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("command", ["sandbox", "demo"])
 def test_without_the_sandbox_extra_sandbox_and_demo_name_it_in_one_line(
     env: dict[str, str], tmp_path: Path, command: str

@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from deviceshare import cli
 from deviceshare.api import names
@@ -251,3 +254,29 @@ async def test_a_gang_short_of_members_counts_them_as_the_group_does_now(
     assert rc == 0
     assert "nothing is placed or held until 3 member pods exist; 2 do now, 1 more to create" in out, out
     assert "2 more to create" not in out
+
+
+async def test_with_two_kubeconfig_files_the_first_current_context_gives_cluster_and_namespace(
+    cluster: Sandbox, kube: Kube, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    """KUBECONFIG=a:b, both setting a current context: kubectl (client-go) uses a's, for the cluster and for the
+    namespace alike. b's context points at a server that does not answer, in another namespace."""
+    first = yaml.safe_load(cluster.kubeconfig.read_text())
+    first["contexts"][0]["context"]["namespace"] = "team-a"
+    second = {
+        "apiVersion": "v1", "kind": "Config", "current-context": "elsewhere",
+        "clusters": [{"name": "elsewhere", "cluster": {"server": "https://127.0.0.1:1"}}],
+        "users": [{"name": "elsewhere", "user": {"token": "x"}}],
+        "contexts": [{"name": "elsewhere", "context": {"cluster": "elsewhere", "user": "elsewhere",
+                                                        "namespace": "team-b"}}],
+    }
+    (tmp_path / "a").write_text(yaml.safe_dump(first))
+    (tmp_path / "b").write_text(yaml.safe_dump(second))
+    monkeypatch.setenv("KUBECONFIG", f"{tmp_path / 'a'}{os.pathsep}{tmp_path / 'b'}")
+    await kube.create_pod("team-a", "plain", None)
+    capsys.readouterr()
+    rc = await asyncio.to_thread(cli.main, ["explain", "plain"])
+    out, err = capsys.readouterr()
+    assert (rc, err) == (0, "")
+    assert "team-a/plain" in out and "does not join a SharedDeviceGroup" in out

@@ -209,9 +209,13 @@ async def test_applying_again_sends_only_what_the_file_changed(stack: Stack, tmp
 
     pod = await stack.kube.wait_for(running, "notebook-alice to run")
 
-    # Unchanged file: nothing is written (a pod's spec could not be patched back anyway).
+    # Unchanged file: nothing is written (a pod's spec could not be patched back anyway). The sandbox's Namespace,
+    # made without managedFields, has its unowned fields adopted once at the second apply ("before-first-apply",
+    # sandbox/applying.py): from then on, nothing.
     again = await applying.apply_file(api, path)
-    assert [o["metadata"]["resourceVersion"] for o in again[:1]] == [first[0]["metadata"]["resourceVersion"]]
+    third = await applying.apply_file(api, path)
+    assert [o["metadata"]["resourceVersion"] for o in third] == [o["metadata"]["resourceVersion"] for o in again]
+    assert [o["metadata"]["uid"] for o in third] == [o["metadata"]["uid"] for o in first]
     assert (await stack.kube.pod("research", "notebook-alice"))["metadata"]["resourceVersion"] == \
         pod["metadata"]["resourceVersion"]  # type: ignore[index]
 

@@ -304,18 +304,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--context", help="kubeconfig context (default: the kubeconfig's current context)")
 
 
-def _default_namespace(kubeconfig: str | None, context: str | None) -> str:
-    """The namespace of the kubeconfig's current (or given) context, as kubectl picks it."""
+def _context_and_namespace(kubeconfig: str | None, context: str | None) -> tuple[str | None, str]:
+    """The context to connect with and its namespace, as kubectl (client-go) picks them from the kubeconfig files
+    merged in order: the first file that sets ``current-context`` decides it (unless ``context`` is given), and a
+    context's definition comes from the first file naming it. The context is passed on to the connection, so both
+    come from this one reading (kubernetes_asyncio's own merge lets the last file's current-context win)."""
     from deviceshare.kube import connecting
 
+    chosen, contexts = context, dict[str | None, Any]()
     for path in connecting.kubeconfig_paths(kubeconfig):
         with open(path) as f:
             cfg = yaml.safe_load(f) or {}
-        current = context or cfg.get("current-context")
+        chosen = chosen or cfg.get("current-context") or None
         for ctx in cfg.get("contexts") or []:
-            if ctx.get("name") == current:
-                return str((ctx.get("context") or {}).get("namespace") or "default")
-    return "default"
+            contexts.setdefault(ctx.get("name"), ctx.get("context") or {})
+    return chosen, str((contexts.get(chosen) or {}).get("namespace") or "default")
 
 
 async def run_async(kubeconfig: str | None, namespace: str, pod: str, *, context: str | None = None) -> list[str]:
@@ -329,8 +332,9 @@ def run(args: argparse.Namespace) -> int:
     from deviceshare.kube import rest
 
     try:
-        namespace = args.namespace or _default_namespace(args.kubeconfig, args.context)
-        lines = asyncio.run(run_async(args.kubeconfig, namespace, args.pod, context=args.context))
+        context, default_namespace = _context_and_namespace(args.kubeconfig, args.context)
+        namespace = args.namespace or default_namespace
+        lines = asyncio.run(run_async(args.kubeconfig, namespace, args.pod, context=context))
     except rest.ApiError as e:
         if e.status == 404:
             print(f"deviceshare explain: pod {args.pod} not found in namespace {namespace}", file=sys.stderr)

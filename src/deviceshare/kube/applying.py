@@ -1,29 +1,31 @@
-"""Apply YAML objects through the API the way client-side ``kubectl apply`` does.
+"""Apply YAML objects through the API with server-side apply, as ``kubectl apply --server-side`` does.
 
 Used by the demo and the end-to-end tests to put ``examples/*.yaml`` on a cluster: the resource
 (plural, namespaced or not) of each ``apiVersion``/``kind`` comes from the API's discovery
-endpoints, so CRDs work as soon as the API serves them. A new object is created with kubectl's
-``last-applied-configuration`` annotation; an existing one (409) gets the JSON merge patch from
-that annotation to the file, so only what the file changed since the last apply is sent: fields
-others set (the webhook's env, the operator's annotations) are kept, a field removed from the file
-is removed, and re-applying an unchanged file is a no-op.
+endpoints, so CRDs work as soon as the API serves them. Each object is sent whole as an apply patch
+(``PATCH`` with ``application/apply-patch+yaml``, field manager ``deviceshare``, ``force=true``): the API
+server creates it if it is missing, makes every field the file names ours again (a field changed live is set
+back), removes a field we applied before and the file no longer names, keeps the fields others own (the
+webhook's env, the operator's finalizer and annotations) and merges lists by their keys rather than replacing
+them whole. Re-applying an unchanged file changes nothing. A client-side two-way merge from kubectl's
+``last-applied-configuration`` (what this did before) could do neither of the first two.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import yaml
 from kubernetes_asyncio import client
 
 from deviceshare.kube import rest
 
-MERGE_PATCH = "application/merge-patch+json"
-LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"  # kubectl's, so both tools agree
+APPLY_PATCH = "application/apply-patch+yaml"  # a JSON body is YAML too
+FIELD_MANAGER = "deviceshare"
 
 
 class ApplyError(Exception):
@@ -92,64 +94,18 @@ class Applier:
         namespace = (meta.get("namespace") or self.default_namespace) if resource.namespaced else None
         body = {k: v for k, v in obj.items() if k != "status"}
         body["metadata"] = {**meta, **({"namespace": namespace} if namespace else {})}
-        body["metadata"].pop("resourceVersion", None)
-        applied = json.dumps(_without_last_applied(body), sort_keys=True, separators=(",", ":"))
-        body["metadata"]["annotations"] = {**(meta.get("annotations") or {}), LAST_APPLIED: applied}
+        body["metadata"].pop("resourceVersion", None)  # an apply configuration is not a conditional write
         what = f"{kind} {namespace + '/' if namespace else ''}{name}"
-        path = resource.collection_path(namespace)
+        path = (f"{resource.collection_path(namespace)}/{quote(str(name), safe='')}"
+                f"?fieldManager={FIELD_MANAGER}&force=true")
         try:
-            created: dict[str, Any] = await self._request("POST", path, body)
-            return created
-        except ApplyError as e:
-            if e.status != 409:
-                raise ApplyError(f"{what}: {e}", status=e.status) from e
-        try:
-            live: dict[str, Any] = await self._request("GET", f"{path}/{name}")
-            previous = ((live.get("metadata") or {}).get("annotations") or {}).get(LAST_APPLIED)
-            # Without a previous apply, everything in the file is "changed" (kubectl does the same).
-            patch = merge_patch(json.loads(previous) if previous else {}, _without_last_applied(body))
-            if previous != applied:
-                patch.setdefault("metadata", {}).setdefault("annotations", {})[LAST_APPLIED] = applied
-            if not patch:
-                return live
-            patched: dict[str, Any] = await self._request("PATCH", f"{path}/{name}", patch, MERGE_PATCH)
+            applied: dict[str, Any] = await self._request("PATCH", path, body, APPLY_PATCH)
         except ApplyError as e:
             raise ApplyError(f"{what}: {e}", status=e.status) from e
-        return patched
+        return applied
 
     async def apply_file(self, path: str | Path) -> list[dict[str, Any]]:
         return [await self.apply(obj) for obj in load(path)]
-
-
-def merge_patch(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, Any]:
-    """The RFC 7386 merge patch that turns ``before`` into ``after`` (empty when they are equal)."""
-    patch: dict[str, Any] = {}
-    for key in before.keys() - after.keys():
-        patch[key] = None
-    for key, value in after.items():
-        old = before.get(key)
-        if isinstance(value, Mapping) and isinstance(old, Mapping):
-            nested = merge_patch(old, value)
-            if nested:
-                patch[key] = nested
-        elif key not in before or _canonical(old) != _canonical(value):
-            patch[key] = value
-    return patch
-
-
-def _canonical(value: Any) -> str:
-    # JSON's equality, not Python's (True == 1 in Python, not in JSON).
-    return json.dumps(value, sort_keys=True)
-
-
-def _without_last_applied(obj: Mapping[str, Any]) -> dict[str, Any]:
-    meta = dict(obj.get("metadata") or {})
-    annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k != LAST_APPLIED}
-    if annotations:
-        meta["annotations"] = annotations
-    else:
-        meta.pop("annotations", None)
-    return {**obj, "metadata": meta}
 
 
 def load(path: str | Path) -> list[dict[str, Any]]:
@@ -166,7 +122,7 @@ def load(path: str | Path) -> list[dict[str, Any]]:
 
 
 async def apply(api_client: client.ApiClient, obj: dict[str, Any]) -> dict[str, Any]:
-    """Create ``obj``, or merge-patch it if it exists; returns the object as the API stored it."""
+    """Server-side apply ``obj`` (created if missing); returns the object as the API stored it."""
     return await Applier(api_client).apply(obj)
 
 

@@ -26,5 +26,6 @@ async def start(routes: Mapping[str, Handler], host: str, port: int, flags: str)
     except OSError as e:
         await runner.cleanup()
         raise errors.ConfigError(f"cannot serve metrics on {host}:{port}: {e.strerror or e} ({flags})") from e
-    sockets = getattr(site._server, "sockets", None) or []
-    return runner, int(sockets[0].getsockname()[1]) if sockets else port
+    # aiohttp's public view of the bound sockets: each one's getsockname(), (host, port[, ...]).
+    addresses = runner.addresses
+    return runner, int(addresses[0][1]) if addresses else port

@@ -1,17 +1,18 @@
-"""The running operator's lifecycle: start and stop, election, the rebuild, and where scheduling outcomes go.
+"""The running operator's lifecycle: start and stop, election, the rebuild, and the term's tasks.
 
 Watch events enter through the :class:`~.intake.Intake` (synchronous, cheap: it only records and enqueues).
-Decisions happen in worker tasks taking pods off the :class:`~.queueing.SchedulingQueue`; each outcome is routed
-here (bound, parked, retried, reported). Group status work runs in the :class:`~.reconciler.GroupReconciler`'s
-own loop, fed by the :class:`~.queueing.ReconcileQueue`. Before any of that starts, :meth:`Runtime.rebuild`
-reconstructs the ledger from the API, so a restarted (or newly elected) operator never hands out a device the
-API shows as taken. With an election, workers run only while this replica holds the Lease (``leadership.py``).
+Decisions happen in worker tasks taking pods off the :class:`~.queueing.SchedulingQueue` (``deciding.py``, which
+routes each outcome: bound, parked, retried, reported). Group status work runs in the
+:class:`~.reconciler.GroupReconciler`'s own loop, fed by the :class:`~.queueing.ReconcileQueue`. Before any of that
+starts, :meth:`Runtime.rebuild` reconstructs the ledger from the API, so a restarted (or newly elected) operator
+never hands out a device the API shows as taken. With an election, workers run only while this replica holds the
+Lease (``leadership.py``).
 
-Each term (a start, or an election) begins with one list of nodes, groups and pods: the rebuild's. The watches
-of that term resume from those lists' resourceVersions, so an event that happens during the rebuild is delivered
-to the state the rebuild made, never to the one it replaces, and nothing is listed twice. A deposed replica
-stops its watches with its workers: a standby has no use for them. Writes pass a fence (``storage.Fence``): the
-Lease's (``Leadership.remaining``) or, for a single replica, one that is open while it runs.
+Each term (a start, or an election) begins with one list of nodes, groups and pods: the rebuild's. The watches of
+that term resume from those lists' resourceVersions, so an event that happens during the rebuild is delivered to the
+state the rebuild made, never to the one it replaces, and nothing is listed twice. A deposed replica stops its
+watches with its workers: a standby has no use for them. Writes pass a fence (``storage.Fence``): the Lease's
+(``Leadership.remaining``) or, for a single replica, one that is open while it runs.
 """
 
 from __future__ import annotations
@@ -25,17 +26,17 @@ from collections.abc import Iterator
 
 from deviceshare.core import fgdplacement, inventory
 from deviceshare.core import ledger as ledgers
-from deviceshare.core import priority as priority_
 
 from . import leadership as leadership_
 from . import rebuild as rebuild_
 from . import state as state_
 from . import storage
 from .context import Context
+from .deciding import Deciding, queue_order
 from .intake import Intake
 from .queueing import ReconcileQueue, SchedulingQueue
 from .reconciler import GroupReconciler
-from .scheduler import PodScheduler, Result
+from .scheduler import PodScheduler
 
 logger = logging.getLogger(__name__)
 
@@ -45,11 +46,12 @@ class Runtime:
         self.ctx = ctx
         self.scheduler = PodScheduler(ctx)
         self.queue: SchedulingQueue[state_.PodKey] = SchedulingQueue(
-            backoff_initial=ctx.config.backoff_initial, backoff_max=ctx.config.backoff_max, order=self._queue_key
+            backoff_initial=ctx.config.backoff_initial, backoff_max=ctx.config.backoff_max, order=queue_order(ctx)
         )
         self.reconciles = ReconcileQueue(
             debounce=ctx.config.status_debounce, allocations=lambda: ctx.ledger.allocations()
         )
+        self.deciding = Deciding(ctx, self.scheduler, self.queue, self.reconciles)
         self.intake = Intake(ctx, self.queue, self.reconciles, is_ours=self.scheduler.is_ours)
         self.reconciler = GroupReconciler(ctx, self.reconciles, pods=self.intake)
         self._workers: list[asyncio.Task[None]] = []  # the term's watches and workers, while we schedule
@@ -97,9 +99,9 @@ class Runtime:
     def _start_scheduling(self) -> None:
         loop = asyncio.get_running_loop()
         self._workers = self.intake.watch(self.scheduler.quotas, resume_from=self._listed)
-        self._workers += [loop.create_task(self._worker(i)) for i in range(self.ctx.config.workers)]
+        self._workers += [loop.create_task(self.deciding.worker()) for _ in range(self.ctx.config.workers)]
         self._workers.append(loop.create_task(self.reconciler.run(released=self.queue.move_parked)))
-        self._workers.append(loop.create_task(self._flush_loop()))
+        self._workers.append(loop.create_task(self.deciding.flush_loop()))
         self._workers.append(loop.create_task(self.intake.audit_loop()))
 
     async def _stop_scheduling(self) -> None:
@@ -182,80 +184,6 @@ class Runtime:
             elapsed, *counts, report.allocations, len(report.conflicts),
         )
         return report
-
-    # -- workers -------------------------------------------------------------------------------
-
-    async def _worker(self, index: int) -> None:
-        while True:
-            key = await self.queue.get()
-            try:
-                await self._schedule_one(key)
-            except Exception:
-                logger.exception("scheduling pod %s/%s failed", *key)
-                self.queue.retry_later(key, 1.0)
-            finally:
-                self.queue.done(key)
-                self.ctx.metrics.queue_pending.set(len(self.queue))
-                self.ctx.metrics.queue_parked.set(self.queue.parked)
-
-    async def _schedule_one(self, key: state_.PodKey) -> None:
-        outcome = await self.scheduler.schedule(key)
-        self.ctx.metrics.placements.labels(outcome.result.value).inc()
-        pod = self.ctx.state.pods.get(key)
-        for other in outcome.also_bound:  # a gang's other members, bound in the same cycle
-            self.queue.forget(other)
-        if outcome.result is Result.BOUND:
-            self.queue.forget(key)
-            if pod is not None and pod.group_key is not None:
-                self.reconciles.request(pod.group_key)
-        elif outcome.result is Result.SKIPPED:
-            self.queue.forget(key)
-        elif outcome.result is Result.RETRY:
-            self.queue.retry_later(key, outcome.retry_after)
-        elif outcome.result is Result.UNSCHEDULABLE:
-            self.queue.park(key)
-            if pod is not None:
-                await self._report_unschedulable(pod, outcome.message)
-        elif outcome.result is Result.REFUSED:
-            # Never a silent Pending: the API's own words on the pod, and another try after a backoff.
-            self.ctx.metrics.api_retries.inc()
-            self.queue.back_off(key)
-            if pod is not None:
-                await self._report_unschedulable(pod, outcome.message, reason="SchedulerError")
-
-    def _queue_key(self, key: state_.PodKey) -> tuple[int, str, state_.PodKey]:
-        """Queue sort (kube-scheduler's PrioritySort): the pod's group priority, then its age."""
-        pod = self.ctx.state.pods.get(key)
-        if pod is None:
-            return priority_.queue_key(0, "", key)
-        gkey = pod.group_key
-        return priority_.queue_key(self.ctx.state.priority(gkey) if gkey else 0, pod.created, key)
-
-    async def _report_unschedulable(
-        self, pod: state_.PodRecord, message: str, *, reason: str = "Unschedulable"
-    ) -> None:
-        """PodScheduled=False (written only when it changes) and a FailedScheduling event.
-
-        ``reason`` is kube-scheduler's: ``Unschedulable`` when nothing fits, ``SchedulerError`` when the
-        API server refused what the scheduler wrote."""
-        self.ctx.event(pod, "FailedScheduling", message, warning=True)
-        if pod.group_key is not None:
-            self.reconciles.request(pod.group_key)
-        if pod.scheduled_condition == ("False", reason, message):
-            return
-        try:
-            await self.ctx.api.set_pod_scheduled_condition(pod.key, status="False", reason=reason, message=message)
-        except (storage.Gone, storage.Conflict, storage.Fenced):
-            pass
-        except storage.RetryLater as e:  # written again the next time the pod is found unschedulable
-            logger.info("could not set PodScheduled on pod %s/%s: %s", *pod.key, e)
-        except storage.Invalid as e:  # the event above still says why
-            logger.warning("could not set PodScheduled on pod %s/%s: %s", *pod.key, e)
-
-    async def _flush_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.ctx.config.unschedulable_flush)
-            self.queue.flush()
 
 
 @contextlib.contextmanager

@@ -1,6 +1,6 @@
 """An embedded Kubernetes API (built on kmock) with simulated GPU nodes, for tests, demo and benchmarks.
 
-Its libraries (kmock, cel-python, jsonschema, jsonpatch) are the optional extra ``deviceshare[sandbox]``:
+Its libraries (kmock, cel-python, jsonpatch) are the optional extra ``deviceshare[sandbox]``:
 the operator and webhook image installs only what production runs.
 """
 
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 __all__ = ["Sandbox", "require"]
 
 # module -> the distribution that provides it, for the message
-EXTRA_MODULES = {"kmock": "kmock", "celpy": "cel-python", "jsonschema": "jsonschema", "jsonpatch": "jsonpatch"}
+EXTRA_MODULES = {"kmock": "kmock", "celpy": "cel-python", "jsonpatch": "jsonpatch"}
 
 
 def require() -> None:

@@ -15,13 +15,13 @@ import ipaddress
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-
+from deviceshare import errors
 from deviceshare.api import names
+
+if TYPE_CHECKING:
+    from cryptography import x509
 
 DEFAULT_SERVICE = "deviceshare-webhook"
 
@@ -71,6 +71,14 @@ def generate(
     """A fresh CA and a serving certificate for ``hosts`` (DNS names or IP addresses; the first is the CN)."""
     if not hosts:
         raise ValueError("a serving certificate needs at least one host name")
+    # cryptography is the optional extra ``deviceshare[certs]`` (also in ``[sandbox]``, for the demo): the
+    # operator and webhook image runs without it. Its x509 builder API here has not changed since 3.x; the
+    # range in pyproject.toml is the one tested (tests/webhooks/test_tls.py on 41.0.7 and the newest).
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
     start = (now or datetime.datetime.now(datetime.UTC)) - datetime.timedelta(minutes=5)
     end = start + datetime.timedelta(days=days)
 
@@ -130,6 +138,8 @@ def generate(
 
 
 def _san(host: str) -> x509.GeneralName:
+    from cryptography import x509
+
     try:
         return x509.IPAddress(ipaddress.ip_address(host))
     except ValueError:
@@ -156,6 +166,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    try:
+        import cryptography  # noqa: F401
+    except ImportError:
+        raise errors.ConfigError(
+            "certificates need the optional extra: pip install 'deviceshare[certs]' (missing: cryptography)"
+        ) from None
     bundle = generate([*service_hosts(args.service, args.namespace), *args.host], days=args.days)
     ca, cert, key = bundle.write(args.out)
     print(f"# wrote {ca}, {cert}, {key}")
