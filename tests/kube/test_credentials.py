@@ -160,6 +160,46 @@ async def test_a_rotated_ca_and_server_certificate_are_trusted_from_the_next_con
         await server.server.wait_closed()
 
 
+async def test_the_watch_sessions_rotated_ca_and_server_certificate_are_trusted_from_the_next_connection(
+    tmp_path: Path,
+) -> None:
+    """Watches and lists go through aiohttp (rest.call without http1's connections): their connections too take the
+    certificate files as they are when the connection is made."""
+    first, second = certs.generate(["127.0.0.1"]), certs.generate(["127.0.0.1"])
+    ca_file, cert_file, key_file = first.write(tmp_path / "first")
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert_file, key_file)
+    server = Server(answering_once)  # each answer closes its connection: the next request makes a new one
+    server.server = await asyncio.start_server(server._serve, "127.0.0.1", 0, ssl=context)
+    port = server.server.sockets[0].getsockname()[1]
+    config = {"apiVersion": "v1", "kind": "Config", "current-context": "c",
+              "clusters": [{"name": "c", "cluster": {"server": f"https://127.0.0.1:{port}",
+                                                     "certificate-authority": str(ca_file)}}],
+              "users": [{"name": "u", "user": {"token": "t"}}],
+              "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}]}
+    (tmp_path / "kubeconfig").write_text(json.dumps(config))
+    api = await connecting.api_client(str(tmp_path / "kubeconfig"))
+    try:
+        assert await rest.call(api, "GET", "/x") == {}
+        _, new_cert, new_key = second.write(tmp_path / "second")
+        context.load_cert_chain(new_cert, new_key)  # the server presents the new certificate from now on
+        ca_file.write_bytes(second.ca_pem + b"\n")  # and the CA bundle is rotated in place (another size)
+        api.rest_client.pool_manager._files._checked = -1.0  # the once-a-second look at the files is due
+        assert await rest.call(api, "GET", "/x") == {}  # the old CA would refuse the new certificate
+        assert api.rest_client.pool_manager._files.builds == 2
+    finally:
+        await api.close()
+        server.server.close()
+        await server.server.wait_closed()
+
+
+async def answering_once(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    await read_request(reader)
+    writer.write(length_answer(b"{}", extra="Connection: close\r\n"))
+    await writer.drain()
+    writer.close()
+
+
 async def answering_ok(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     while True:
         try:

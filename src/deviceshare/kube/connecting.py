@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 from kubernetes_asyncio import client, config
@@ -107,10 +108,30 @@ async def api_client(kubeconfig: str | None = None, *, context: str | None = Non
     limit = library_connector.limit if library_connector is not None else 100
     await rest_client.pool_manager.close()
     cfg = api.configuration
-    ssl_context = credentials.TlsFiles(cfg).context() if str(cfg.host).startswith("https://") else None
-    rest_client.pool_manager = aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=limit, ssl=ssl_context or True, socket_factory=http1.keepalive_socket),
+    tls_files = credentials.TlsFiles(cfg) if str(cfg.host).startswith("https://") else None
+    session = aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(
+            limit=limit, ssl=tls_files.context() if tls_files else True, socket_factory=http1.keepalive_socket
+        ),
         trust_env=False,
         read_bufsize=2**21,  # as the library's: watch events of large objects exceed aiohttp's default
     )
+    rest_client.pool_manager = session if tls_files is None else _ReloadingTls(session, tls_files)
     return api
+
+
+class _ReloadingTls:
+    """The aiohttp session of watches and lists, each request given the SSL context of the certificate files as
+    they are now (``credentials.TlsFiles``): a rotated CA or client certificate is used from the next connection, as
+    http1's are (aiohttp pools connections by their SSL context, so one made with the old files is not reused for a
+    request with the new). Everything else is the session's own."""
+
+    def __init__(self, session: aiohttp.ClientSession, files: credentials.TlsFiles) -> None:
+        self._session, self._files = session, files
+
+    def request(self, method: str, url: str, **kwargs: Any) -> Any:
+        kwargs.setdefault("ssl", self._files.context())
+        return self._session.request(method, url, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._session, name)
