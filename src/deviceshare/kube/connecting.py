@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import aiohttp
 from kubernetes_asyncio import client, config
@@ -116,7 +116,10 @@ async def api_client(kubeconfig: str | None = None, *, context: str | None = Non
         trust_env=False,
         read_bufsize=2**21,  # as the library's: watch events of large objects exceed aiohttp's default
     )
-    rest_client.pool_manager = session if tls_files is None else _ReloadingTls(session, tls_files)
+    # The library's request() calls only the session's request/close: the wrapper stands in for it (aiohttp warns
+    # against subclassing ClientSession).
+    rest_client.pool_manager = session if tls_files is None else cast(aiohttp.ClientSession, _ReloadingTls(
+        session, tls_files))
     return api
 
 
