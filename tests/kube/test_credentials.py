@@ -280,3 +280,25 @@ async def test_the_watch_sessions_connections_have_tcp_keepalive(
         await api.close()
         server.server.close()
         await server.server.wait_closed()
+
+
+def test_certificate_files_caught_halfway_through_a_rotation_keep_the_previous_context(tmp_path: Path) -> None:
+    """A new certificate written beside the old key (the two files are not replaced at once) makes no context:
+    the files as they were go on serving, and the next look after the key arrives takes the new pair."""
+    from kubernetes_asyncio import client
+
+    first, second = certs.generate(["127.0.0.1"]), certs.generate(["127.0.0.1"])
+    ca_file, cert_file, key_file = first.write(tmp_path / "first")
+    cfg = client.Configuration()
+    cfg.host, cfg.ssl_ca_cert, cfg.cert_file, cfg.key_file = "https://127.0.0.1:1", str(ca_file), str(cert_file), str(
+        key_file)
+    now = [0.0]
+    files = credentials.TlsFiles(cfg, clock=lambda: now[0])
+    before = files.context()
+    _, new_cert, new_key = second.write(tmp_path / "second")
+    cert_file.write_bytes(new_cert.read_bytes())  # the certificate first: it does not match the old key
+    now[0] += 2
+    assert files.context() is before and files.builds == 1
+    key_file.write_bytes(new_key.read_bytes())  # then its key
+    now[0] += 2
+    assert files.context() is not before and files.builds == 2

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import logging
 import os
 import ssl
 import time
@@ -27,6 +28,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 RENEW_BEFORE = 60.0  # s before an exec credential's expiry that it is renewed (at most half its lifetime)
+
+logger = logging.getLogger(__name__)
 
 
 class ExecCredentials:
@@ -113,7 +116,16 @@ class TlsFiles:
         self._checked = now
         stamp = self._stamps()
         if self._context is None or stamp != self._stamp:
-            self._context, self._stamp = self._build(), stamp
+            try:
+                built = self._build()
+            except (OSError, ssl.SSLError) as e:
+                if self._context is None:
+                    raise
+                # Caught halfway through a rotation (a new certificate beside the old key): the files as they were
+                # serve until they make a context again.
+                logger.warning("certificate files not usable yet, keeping the previous ones: %s", e)
+                return self._context
+            self._context, self._stamp = built, stamp
             self.builds += 1
         return self._context
 

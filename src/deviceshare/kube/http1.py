@@ -219,9 +219,9 @@ class Connections:
                 break
             return connection, True
         limit = now + self.connect_timeout
-        if self._tls_files is not None:
-            self._ssl = self._tls_files.context()  # a rotated certificate or CA counts from the next connection
         try:
+            if self._tls_files is not None:
+                self._ssl = self._tls_files.context()  # a rotated certificate or CA counts from the next connection
             async with asyncio.timeout_at(limit if deadline is None else min(limit, deadline)):
                 async with self._connecting:
                     transport, connection = await asyncio.get_running_loop().create_connection(
