@@ -40,8 +40,8 @@ async def test_demo_binds_every_example_pod_with_wired_devices(
     env = {line.split()[1]: dict(e.split("=", 1) for e in line.split()[6:]) for line in pod_rows}
     # Each bound pod's hand-over (CONTRACT §12): by CDI on the node labelled so, by env var elsewhere.
     handover = {line.split()[1]: (line.split()[3], line.split()[5]) for line in pod_rows}
-    assert {way for node, way in handover.values() if node == "gpu-node-3"} <= {"cdi"}
-    assert {way for node, way in handover.values() if node != "gpu-node-3"} == {"env"}
+    assert {way for node, way in handover.values() if node == "gpu-node-0"} == {"cdi"}
+    assert {way for node, way in handover.values() if node != "gpu-node-0"} == {"env"}
     assert env["llm-0"]["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=24576M"
     assert env["nb-alice"]["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
     assert sorted(env[p]["ZE_AFFINITY_MASK"] for p in ("encode-0", "decode-0")) == ["0.0", "0.1"]

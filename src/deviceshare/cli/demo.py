@@ -111,7 +111,8 @@ async def demo(args: argparse.Namespace) -> int:
         print(f"sandbox: {args.nodes} nodes x {args.gpus} nvidia.com/gpu ({sandbox.gpu_memory_mib} MiB each) and "
               f"1 node x 2 {INTEL} (2 tiles each) at {sandbox.url}", file=out)
         # One node takes its devices by CDI (CONTRACT §12), as a GPU Operator >= 25.10 node does; the others by env.
-        cdi_node = f"gpu-node-{args.nodes - 1}"
+        # The first: binpack fills it first, so the demo shows pods handed their devices both ways.
+        cdi_node = "gpu-node-0"
         sandbox.patch("nodes", cdi_node, {"metadata": {"labels": {names.NODE_HANDOVER_LABEL: "cdi"}}})
         print(f"{cdi_node}: {names.NODE_HANDOVER_LABEL}=cdi (devices by CDI annotation; the others by env var)",
               file=out)
