@@ -43,6 +43,7 @@ class Front:
         self.handshake_delay = handshake_delay
         self._server: asyncio.Server | None = None
         self._links: set[_Link] = set()
+        self._accepting: set[asyncio.Task[None]] = set()  # connections not yet linked (a handshake held back)
         self.connections = 0  # accepted
         self.black_holed = 0  # connections swallowed by black_hole()
         self.swallowed = 0  # bytes a client sent into the hole (proof that it tried)
@@ -65,6 +66,12 @@ class Front:
     async def stop(self) -> None:
         if self._server is not None:
             self._server.close()
+        accepting, self._accepting = list(self._accepting), set()
+        for task in accepting:  # one sleeping out handshake_delay would outlive the sandbox
+            task.cancel()
+        for task in accepting:
+            with contextlib.suppress(BaseException):
+                await task
         for link in list(self._links):
             self._close(link)
         if self._server is not None:
@@ -158,6 +165,8 @@ class _Accepted(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         cast(asyncio.ReadTransport, transport).pause_reading()
         self._task = asyncio.get_running_loop().create_task(self._front._accept(transport))
+        self._front._accepting.add(self._task)
+        self._task.add_done_callback(self._front._accepting.discard)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._task is not None and not self._task.done():
