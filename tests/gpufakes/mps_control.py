@@ -37,7 +37,10 @@ def main(argv: list[str]) -> int:
     if argv == ["-d"]:
         subprocess.Popen([sys.executable, "-m", "tests.gpufakes.mps_control", "--serve"], start_new_session=True,
                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        for _ in range(100):
+        # The real `nvidia-cuda-mps-control -d` returns once the daemon runs: wait for its pid file, on a busy
+        # machine as long as the tests' own hang guard, looking every 50 ms.
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
             if PID.exists():
                 return 0
             time.sleep(0.05)
