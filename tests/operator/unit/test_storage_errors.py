@@ -66,6 +66,8 @@ class Script:
             answer = answer(self.sent[-1])
         if isinstance(answer, BaseException):
             raise answer
+        if isinstance(answer, bytes):  # a body as the server sent it, whatever it is
+            return answer
         return orjson.dumps(answer) if raw else copy.deepcopy(answer)
 
     def requests(self) -> list[tuple[str, str]]:
@@ -301,3 +303,23 @@ async def test_a_list_goes_page_by_page_each_made_into_records_and_starts_again_
     paths = [s.path for s in script.sent]
     assert paths[0] == "/api/v1/pods?limit=2000" and paths[1].endswith("&continue=t1")
     assert paths[2] == paths[0] and paths[3].endswith("&continue=t2")  # a fresh list after the 410
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        pytest.param(b"<html><body>502 Bad Gateway</body></html>", id="a proxy's page"),
+        pytest.param(b'{"kind":"PodList","metadata":{"resourceVersion":"7"},"items":[{"metadata":{"name":"a"}},{"meta',
+                     id="cut mid-item"),
+        pytest.param(b'{"kind":"PodList","metadata":{"resourceVersion":"7"},"items":[{"metadata":{"name":"a"}} 7]}',
+                     id="items not separated"),
+    ],
+)
+async def test_a_list_body_that_is_not_a_list_is_retried_later_never_half_taken(
+    monkeypatch: pytest.MonkeyPatch, body: bytes
+) -> None:
+    script = Script(monkeypatch, body)
+    with pytest.raises(storage.RetryLater, match="list pods: the server's answer is not a list") as caught:
+        await script.api.list_pods(lambda item: item["metadata"]["name"])
+    assert caught.value.delay == 1.0
+    assert [s.path for s in script.sent] == ["/api/v1/pods?limit=2000"]

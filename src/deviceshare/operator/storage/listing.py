@@ -8,7 +8,8 @@ is the one its pages are read at (kube-apiserver serves every page at the first 
 it misses nothing. A continue token that expires midway (410) starts the list again, a few times at most. A server
 that ignores ``limit`` (kube-apiserver's watch cache at resourceVersion=0) sends the whole list in one body: its
 items are decoded one at a time (``kube/listbodies.py``), so even then one item's dicts live at a time, beside the
-body's bytes.
+body's bytes. A body that is not a list (a proxy's error page answered 200, bytes mangled on the way) is
+``RetryLater``, as any other failed read: the list is asked for again, never half-taken.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from urllib.parse import quote
 from deviceshare.api import names
 from deviceshare.kube import listbodies, watching
 
-from .errors import Expired
+from .errors import Expired, RetryLater
 from .transport import Transport
 
 PAGE = 2000  # objects per page: ~3 MiB of pods, a handful of milliseconds to decode
@@ -93,6 +94,8 @@ class Collections(Transport):
             except Expired:
                 if attempt == RESTARTS:
                     raise
+            except ValueError as e:  # a 200 whose body is not a list (a proxy's page, bytes mangled on the way)
+                raise RetryLater(f"{what}: the server's answer is not a list: {e}", delay=1.0) from e
             finally:
                 if not pending.done():
                     pending.cancel()
