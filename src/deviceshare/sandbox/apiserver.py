@@ -7,7 +7,7 @@ documents (``discovery``), CRUD on collections and objects through admission, ``
 ``binding``, ``scale`` and ``eviction`` subresources, server-side dry run (``dryRun=All``: see ``dryrun``),
 server-side apply (``applying``; every write's owner recorded by ``managedfields``), and Table output.
 Reading a request is in ``parsing``; watch streams, with resourceVersion resume, bookmarks, 410 Gone
-and ``timeoutSeconds``, are in ``watching``.
+and ``timeoutSeconds``, are in ``watching``; how a request an injected fault matched is answered, in ``faultserving``.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from deviceshare.sandbox import (
     errors,
     eviction,
     faults,
+    faultserving,
     identity,
     managedfields,
     paging,
@@ -65,27 +66,6 @@ def _list_head(rtype: catalog.ResourceType, rv: str) -> dict[str, Any]:
     return {"kind": f"{rtype.kind}List", "apiVersion": rtype.api_version, "metadata": {"resourceVersion": rv}}
 
 
-def _write_raw(request: kmock.Request, data: bytes) -> None:
-    raw = request._raw_request
-    if raw is not None and raw.transport is not None:
-        raw.transport.write(data)
-
-
-def _cut_short(request: kmock.Request, response: aiohttp.web.StreamResponse) -> None:
-    """The answer's head and the first half of its body, then the connection closed (``faults.Fault.cut``). The
-    head gives no length, so the end of the connection is the end of the body: nothing in the framing says the
-    body was cut (HTTP/1.1 allows it; a proxy that re-frames an answer may do it)."""
-    raw_body = response.body if isinstance(response, aiohttp.web.Response) else None
-    body = bytes(raw_body) if isinstance(raw_body, bytes | bytearray) and raw_body else b"{}"
-    head = (f"HTTP/1.1 {response.status} {response.reason}\r\nContent-Type: application/json\r\n"
-            f"Connection: close\r\n\r\n").encode()
-    _write_raw(request, head + body[: len(body) // 2])
-    raw = request._raw_request
-    if raw is not None and raw.transport is not None:
-        raw.transport.close()
-    raise faults.Dropped()
-
-
 class ApiServer(kmock.KubernetesScaffold):
     """kmock's Kubernetes scaffold with the store behind it instead of canned answers."""
 
@@ -112,7 +92,7 @@ class ApiServer(kmock.KubernetesScaffold):
         self.pages_served: collections.Counter[str] = collections.Counter()
         self.users = dict(identity.DEFAULT_TOKENS if users is None else users)  # bearer token -> user
         self.faults = faults.Faults()
-        self._held_requests: set[asyncio.Task[aiohttp.web.StreamResponse]] = set()
+        self._faulted = faultserving.FaultedRequests(_json)  # requests a fault matched (faultserving.py)
         self.bookmark_interval = bookmark_interval
         self.watches_gone = 0  # watches answered 410 Gone (for tests of client recovery)
         self.flowing = asyncio.Event()
@@ -165,78 +145,11 @@ class ApiServer(kmock.KubernetesScaffold):
         try:
             method = str(request.method.value)
             fault = self.faults.take(method, request.url.path)
-            if fault is not None and fault.interim:
-                _write_raw(request, b"HTTP/1.1 100 Continue\r\n\r\n")  # an interim answer first (faults.py)
-            if fault is not None and fault.hold:
-                return await self._held(fault, request)
-            if fault is None or fault.applied:
-                response = await self._serve(request)
-            else:
-                if fault.delay:
-                    await self._wait(fault, parsing.write_deadline(method, request.params))
-                self._fail(request, fault)
-                response = await self._serve(request)
-            if fault is not None and fault.applied:
-                if fault.delay:
-                    await asyncio.sleep(fault.delay)  # carried out, answered late
-                if fault.cut:
-                    _cut_short(request, response)
-                self._fail(request, fault)
-            return response
+            if fault is None:
+                return await self._serve(request)
+            return await self._faulted.serve(fault, request, self._serve)
         except errors.ApiError as e:
             return _json(e.status(), e.code, e.headers)
-
-    async def _held(self, fault: faults.Fault, request: kmock.Request) -> aiohttp.web.StreamResponse:
-        """Hold the request until the test releases it, then carry it out and answer as ``fault`` says. A
-        held request is already on its way (the last write of a killed process): it is served in a task of
-        its own, which the client's disconnect, cancelling this handler, does not cancel. A write still held
-        when its own ``timeout`` ends is given up then (504, not carried out), as kube-apiserver does."""
-        loop = asyncio.get_running_loop()
-        deadline = parsing.write_deadline(str(request.method.value), request.params)
-
-        async def serve() -> aiohttp.web.StreamResponse:
-            try:
-                try:
-                    await asyncio.wait_for(fault.held(), deadline)
-                except TimeoutError:
-                    fault.given_up += 1
-                    raise errors.request_timeout() from None
-                self._fail(request, fault)
-                response = await self._serve(request)
-            except errors.ApiError as e:
-                response = _json(e.status(), e.code, e.headers)
-            fault.answered.append(response.status)
-            return response
-
-        served = loop.create_task(serve())
-        self._held_requests.add(served)
-        served.add_done_callback(self._held_requests.discard)
-        return await asyncio.shield(served)
-
-    async def _wait(self, fault: faults.Fault, deadline: float | None) -> None:
-        """An injected delay before a write: past the request's own ``timeout`` the server gives up on it
-        (504, not carried out), as kube-apiserver's handlers do once the request's context is done."""
-        try:
-            if deadline is not None and deadline < fault.delay:
-                await asyncio.sleep(deadline)
-                fault.given_up += 1
-                raise errors.request_timeout()
-            await asyncio.sleep(fault.delay)
-        except asyncio.CancelledError:  # the client went away: like kube-apiserver, nothing is carried out
-            fault.abandoned += 1
-            raise
-
-    @staticmethod
-    def _fail(request: kmock.Request, fault: faults.Fault) -> None:
-        """Answer as ``fault`` says: drop the connection, or raise its error (nothing if it only delays)."""
-        if fault.drop:
-            raw = request._raw_request
-            if raw is not None and raw.transport is not None:
-                raw.transport.close()
-            raise faults.Dropped()
-        error = fault.error()
-        if error is not None:
-            raise error
 
     async def _serve(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
         path = request.url.path.rstrip("/") or "/"
