@@ -30,8 +30,9 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
+import operator
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from deviceshare.core import dradevices, selectorchecks
@@ -165,12 +166,13 @@ class _Program:
         self.expression = expression
         self.runner = runner
         self.reads = reads  # None: the expression sees the whole device
+        self.projectors = None if reads is None else tuple(_projector(p) for p in reads)
         self.memo: collections.OrderedDict[Any, bool | str] = collections.OrderedDict()
         self.evaluations = 0
 
     def verdict(self, device: SliceDevice) -> bool | str:
         """True/False, or the run-time error's reason."""
-        key = device if self.reads is None else tuple(_project(device, p) for p in self.reads)
+        key = device if self.projectors is None else tuple(project(device) for project in self.projectors)
         found = self.memo.get(key)
         if found is not None:
             return found
@@ -220,30 +222,36 @@ def _reason(error: Exception) -> str:
 
 def _tagged(value: Any) -> Any:
     """A value with its type, so that True and 1 (equal in Python) stay apart in a cache key."""
-    if isinstance(value, tuple):
-        return ("list", tuple(_tagged(v) for v in value))
-    if isinstance(value, dradevices.DeviceCapacity):
-        return ("Quantity", value.value)
-    return (type(value).__name__, value)
+    kind = type(value)
+    if kind is tuple:
+        return (kind, tuple(_tagged(v) for v in value))
+    if kind is dradevices.DeviceCapacity:
+        return (Quantity, value.value)
+    return (kind, value)
 
 
-def _project(device: SliceDevice, path: Path) -> Any:
-    """What an expression reading ``device.<path>`` sees of this device."""
+def _projector(path: Path) -> Callable[[SliceDevice], Any]:
+    """What an expression reading ``device.<path>`` sees of a device, as a function of the device."""
     head = path[0]
     if head == "driver":
-        return ("string", device.driver)
+        return operator.attrgetter("driver")
     if head == "allowMultipleAllocations":
-        return ("bool", device.allow_multiple_allocations)
+        return operator.attrgetter("allow_multiple_allocations")
     if head not in ("attributes", "capacity"):
-        return _ABSENT
-    values = device.attributes if head == "attributes" else device.capacity
+        return lambda device: _ABSENT  # a field cel-go's checker refused already
+    values = operator.attrgetter(head)
     if len(path) == 1:
-        return tuple(sorted((k, _tagged(v)) for k, v in values.items()))
+        return lambda device: tuple(sorted((k, _tagged(v)) for k, v in values(device).items()))
     if len(path) == 2:
         prefix = path[1] + "/"
-        return tuple(sorted((k, _tagged(v)) for k, v in values.items() if k.startswith(prefix)))
+        return lambda device: tuple(sorted((k, _tagged(v)) for k, v in values(device).items()
+                                           if k.startswith(prefix)))
     name = f"{path[1]}/{path[2]}"
-    return _tagged(values[name]) if name in values else _ABSENT
+
+    def one(device: SliceDevice) -> Any:
+        value = values(device).get(name, _ABSENT)
+        return value if value is _ABSENT else _tagged(value)
+    return one
 
 
 # -- reading the tree ---------------------------------------------------------------------------------------------

@@ -92,11 +92,11 @@ def no_overload(name: str, *args: Value) -> CELEvalError:
 
 
 def type_name(value: Value) -> str:
-    for kind, name in ((celtypes.BoolType, "bool"), (celtypes.IntType, "int"), (celtypes.UintType, "uint"),
-                       (celtypes.DoubleType, "double"), (celtypes.StringType, "string"), (celtypes.BytesType, "bytes"),
-                       (celtypes.ListType, "list"), (celtypes.MapType, "map"), (QuantityValue, "Quantity"),
-                       (SemverValue, "Semver"), (celtypes.TimestampType, "timestamp"),
-                       (celtypes.DurationType, "duration")):
+    """CEL's name for a value's type; celpy hands back plain Python values from some operations too."""
+    for kind, name in ((bool, "bool"), (celtypes.BoolType, "bool"), (celtypes.UintType, "uint"), (int, "int"),
+                       (float, "double"), (str, "string"), (bytes, "bytes"), (list, "list"), (dict, "map"),
+                       (QuantityValue, "Quantity"), (SemverValue, "Semver"), (celtypes.TimestampType, "timestamp"),
+                       (celtypes.DurationType, "duration"), (type, "type")):
         if isinstance(value, kind):
             return name
     return "null_type" if value is None else type(value).__name__
@@ -139,16 +139,21 @@ def _by_domain(values: Mapping[str, Any], convert: Callable[[Any], Value]) -> Do
 
 # -- equality and order (cel-go's heterogeneous equality) ---------------------------------------------------------
 
-_NUMBERS = (celtypes.IntType, celtypes.UintType, celtypes.DoubleType)
-
-
 def _is_number(v: Value) -> bool:
-    return isinstance(v, _NUMBERS) and not isinstance(v, celtypes.BoolType)
+    return type_name(v) in ("int", "uint", "double")
+
+
+def _plain(v: Value) -> Any:
+    """A number as Python's own (celpy's int types refuse to meet each other; Python compares int and float
+    exactly, as cel-go's cross-type numeric comparisons do)."""
+    return float(v) if isinstance(v, float) else int(v)
 
 
 def same(a: Value, b: Value) -> bool:
     if _is_number(a) and _is_number(b):
-        return bool(a == b)  # Python compares int and float exactly
+        return bool(_plain(a) == _plain(b))
+    if isinstance(a, type) or isinstance(b, type):
+        return a is b
     if isinstance(a, celtypes.ListType) and isinstance(b, celtypes.ListType):
         return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
     if isinstance(a, celtypes.MapType) and isinstance(b, celtypes.MapType):
@@ -178,9 +183,11 @@ def _ordering(name: str, test: Callable[[int], bool]) -> Callable[[Value, Value]
         for v in (a, b):
             if isinstance(v, CELEvalError):
                 return v
-        if (_is_number(a) and _is_number(b)) or (type_name(a) == type_name(b) and type_name(a) in _ORDERED):
-            return celtypes.BoolType(test((a > b) - (a < b)))
-        return no_overload(name, a, b)
+        if _is_number(a) and _is_number(b):
+            a, b = _plain(a), _plain(b)
+        elif type_name(a) != type_name(b) or type_name(a) not in _ORDERED:
+            return no_overload(name, a, b)
+        return celtypes.BoolType(test((a > b) - (a < b)))
     compare.__name__ = name
     return compare
 

@@ -58,8 +58,10 @@ FUNCTIONS: dict[str, tuple[tuple[str | None, ...], tuple[int, ...], str]] = {
     "size": ((None,), (1,), INT), "matches": ((STRING, STRING), (2,), BOOL), "dyn": ((None,), (1,), DYN),
     "int": ((None,), (1,), INT), "uint": ((None,), (1,), UINT), "double": ((None,), (1,), DOUBLE),
     "string": ((None,), (1,), STRING), "bool": ((None,), (1,), BOOL), "bytes": ((None,), (1,), BYTES),
-    "type": ((None,), (1,), DYN),
+    "type": ((None,), (1,), "type"), "duration": ((STRING,), (1,), "duration"),
+    "timestamp": ((None,), (1,), "timestamp"),
 }
+TYPE_NAMES = {"int", "uint", "double", "bool", "string", "bytes", "list", "map", "null_type", "type"}
 MACROS = {"all": BOOL, "exists": BOOL, "exists_one": BOOL, "map": LIST, "filter": LIST}
 _PLAIN_STRING = re.compile(r"""^(?:"([^"\\\n]*)"|'([^'\\\n]*)')$""")
 
@@ -162,6 +164,8 @@ class _Checker:
                 return scope[name]
             if name == "device":
                 return DEVICE
+            if name in TYPE_NAMES:
+                return "type"
             raise Problem(f"undeclared reference to '{name}' (in container '')", node)
         if data == "member_dot":
             return self._field(node, self.infer(kids[0], scope), str(node.children[1]))
