@@ -26,7 +26,7 @@ receiver of the wrong type is cel-go's runtime ``no such overload``.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from celpy import celtypes
 from celpy.evaluation import CELEvalError
@@ -35,42 +35,34 @@ from deviceshare.core import dradevices
 from deviceshare.core.dravalues import INT64_MAX, INT64_MIN, Quantity, Version
 
 Value = Any  # a celpy value or a CELEvalError
+_T = TypeVar("_T")
 
 
-class QuantityValue:
-    """A Kubernetes quantity inside CEL (``apiservercel.Quantity``)."""
+class _Opaque(Generic[_T]):
+    """A Kubernetes library value inside CEL, equal by its value (``apiservercel.Quantity``/``Semver``)."""
 
-    __slots__ = ("quantity",)
+    __slots__ = ("value",)
+    function = ""
 
-    def __init__(self, quantity: Quantity) -> None:
-        self.quantity = quantity
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, QuantityValue) and self.quantity == other.quantity
-
-    def __hash__(self) -> int:
-        return hash(self.quantity)
-
-    def __repr__(self) -> str:
-        return f"quantity({str(self.quantity)!r})"
-
-
-class SemverValue:
-    """A semantic version inside CEL (``apiservercel.Semver``)."""
-
-    __slots__ = ("version",)
-
-    def __init__(self, version: Version) -> None:
-        self.version = version
+    def __init__(self, value: _T) -> None:
+        self.value = value
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, SemverValue) and self.version == other.version
+        return type(other) is type(self) and self.value == other.value
 
     def __hash__(self) -> int:
-        return hash(self.version)
+        return hash(self.value)
 
     def __repr__(self) -> str:
-        return f"semver({str(self.version)!r})"
+        return f"{self.function}({str(self.value)!r})"
+
+
+class QuantityValue(_Opaque[Quantity]):
+    function = "quantity"
+
+
+class SemverValue(_Opaque[Version]):
+    function = "semver"
 
 
 class DomainMap(celtypes.MapType):
@@ -257,22 +249,22 @@ def _int(v: Value) -> int:
 
 def _comparable(a: Value, b: Value) -> int:
     if isinstance(a, QuantityValue) and isinstance(b, QuantityValue):
-        return a.quantity.compare(b.quantity)
+        return a.value.compare(b.value)
     if isinstance(a, SemverValue) and isinstance(b, SemverValue):
-        return a.version.compare(b.version)
+        return a.value.compare(b.value)
     raise TypeError
 
 
 def _quantity(v: Value) -> Quantity:
     if not isinstance(v, QuantityValue):
         raise TypeError
-    return v.quantity
+    return v.value
 
 
 def _semver(v: Value) -> Version:
     if not isinstance(v, SemverValue):
         raise TypeError
-    return v.version
+    return v.value
 
 
 def _int64(value: int) -> Value:
@@ -304,7 +296,7 @@ def _quantity_ok(text: Value) -> bool:
 
 
 def _plus(q: Value, other: Value, sign: int) -> Value:
-    amount = other.quantity.value if isinstance(other, QuantityValue) else _int(other)
+    amount = other.value.value if isinstance(other, QuantityValue) else _int(other)
     return QuantityValue(Quantity.of(_quantity(q).value + sign * amount))
 
 
