@@ -191,6 +191,18 @@ def test_no_selectors_match_every_device() -> None:
     assert compile_selectors([]).matches(H100) is True
 
 
+def test_a_device_class_and_a_request_as_the_api_holds_them() -> None:
+    device_class = {"spec": {"selectors": [{"cel": {"expression": REAL_SELECTORS[0][1]}}]}}
+    request = {"name": "devices", "exactly": {"deviceClassName": NV, "count": 2, "selectors": [
+        {"cel": {"expression": "device.attributes['gpu.nvidia.com'].productName.startsWith('NVIDIA H')"}}]}}
+    selectors = (deviceselectors.compile_api_selectors(device_class["spec"]["selectors"])
+                 + deviceselectors.compile_api_selectors(request["exactly"].get("selectors")))
+    assert [selectors.matches(d) for d in (H100, A100_40, MIG, EXAMPLE)] == [True, False, False, False]
+    assert deviceselectors.compile_api_selectors(None).matches(EXAMPLE) is True
+    with pytest.raises(SelectorError, match=r"selectors\[1\]\.cel\.expression: Required value"):
+        deviceselectors.compile_api_selectors([{"cel": {"expression": "true"}}, {"cel": {}}])
+
+
 def test_one_string_is_not_a_list_of_expressions() -> None:
     with pytest.raises(TypeError):
         compile_selectors("device.driver == 'x'")  # type: ignore[arg-type]

@@ -32,7 +32,7 @@ import dataclasses
 import functools
 import operator
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from deviceshare.core import dradevices, selectorchecks
@@ -96,6 +96,20 @@ def compile_selectors(expressions: Sequence[str]) -> Selectors:
     if isinstance(expressions, str):
         raise TypeError("compile_selectors takes a sequence of expressions, not one string")
     return Selectors(tuple(_compile(e) for e in expressions))
+
+
+def compile_api_selectors(items: Sequence[Mapping[str, Any]] | None) -> Selectors:
+    """The ``selectors`` list of a DeviceClass spec or of a request's ``exactly`` as the API holds it
+    (``[{cel: {expression: ...}}]``); :class:`SelectorError` for an entry without an expression, or one that
+    does not compile."""
+    expressions = []
+    for i, item in enumerate(items or ()):
+        cel = item.get("cel") if isinstance(item, Mapping) else None
+        expression = cel.get("expression") if isinstance(cel, Mapping) else None
+        if not isinstance(expression, str):
+            raise SelectorError("", f"selectors[{i}].cel.expression: Required value")
+        expressions.append(expression)
+    return compile_selectors(expressions)
 
 
 NO_SELECTORS = Selectors(())
@@ -349,4 +363,4 @@ def _node(tree_class: Any, meta: Any, data: str, *children: Any) -> Any:
 
 
 __all__ = ["NO_SELECTORS", "Quantity", "SelectorError", "SelectorRuntimeError", "Selectors", "Version",
-           "compile_selectors"]
+           "compile_api_selectors", "compile_selectors"]
