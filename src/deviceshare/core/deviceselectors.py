@@ -35,7 +35,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from deviceshare.core import dradevices, selectorchecks
+from deviceshare.core import dradevices, selectorchecks, selectortrees
 from deviceshare.core.dradevices import SliceDevice
 from deviceshare.core.dravalues import Quantity, Version
 
@@ -150,11 +150,12 @@ def _compile(expression: str) -> _Program:
     except celpy.celparser.CELParseError as e:
         raise SelectorError(expression, _syntax_error(expression, e)) from None
     try:
-        tree = _rewrite_bind(tree)
+        tree = selectortrees.rewrite_bind(tree)
         selectorchecks.check(tree)
     except selectorchecks.Problem as e:
         raise SelectorError(expression, _compile_error(expression, e.message, e.line, e.column)) from None
-    return _Program(expression, env.program(_guard_macros(tree), functions=_functions()), _device_reads(tree))
+    return _Program(expression, env.program(selectortrees.guard_macros(tree), functions=_functions()),
+                    selectortrees.device_reads(tree))
 
 
 def _compile_error(expression: str, message: str, line: int, column: int) -> str:
@@ -169,7 +170,7 @@ def _syntax_error(expression: str, e: Any) -> str:
 
 # -- evaluating ---------------------------------------------------------------------------------------------------
 
-Path = tuple[str, ...]
+Path = selectortrees.Path
 _ABSENT = ("absent",)
 
 
@@ -266,100 +267,6 @@ def _projector(path: Path) -> Callable[[SliceDevice], Any]:
         value = values(device).get(name, _ABSENT)
         return value if value is _ABSENT else _tagged(value)
     return one
-
-
-# -- reading the tree ---------------------------------------------------------------------------------------------
-
-
-def _parents(tree: Any) -> dict[int, Any]:
-    parents: dict[int, Any] = {}
-    stack = [tree]
-    while stack:
-        node = stack.pop()
-        for child in getattr(node, "children", ()):
-            if hasattr(child, "data"):
-                parents[id(child)] = node
-                stack.append(child)
-    return parents
-
-
-def _device_reads(tree: Any) -> tuple[Path, ...] | None:
-    """Every ``device.a.b['c']`` chain the expression has, cut before anything that is not a constant field or
-    key; None when it uses ``device`` whole or rebinds the name."""
-    parents, paths = _parents(tree), set()
-    for node in tree.iter_subtrees():
-        if str(node.data) == "member_dot_arg" and str(node.children[1]) in selectorchecks.MACROS:
-            args = [c for c in node.children[2:] if hasattr(c, "data")]
-            if args and any(selectorchecks._ident_name(a) == "device" for a in args[0].children):
-                return None
-        if str(node.data) != "ident" or str(node.children[0]) != "device":
-            continue
-        path: list[str] = []
-        current = parents[id(parents[id(node)])]  # primary -> member
-        while True:
-            parent = parents.get(id(current))
-            if parent is None or parent.children[0] is not current:
-                break
-            if str(parent.data) == "member_dot":
-                path.append(str(parent.children[1]))
-            elif str(parent.data) == "member_index":
-                key = selectorchecks.string_literal(parent.children[1])
-                if key is None:
-                    break
-                path.append(key)
-            else:
-                break
-            current = parents[id(parent)]
-        if not path:
-            return None
-        paths.add(tuple(path))
-    return tuple(sorted(paths))
-
-
-def _rewrite_bind(tree: Any) -> Any:
-    """``cel.bind(v, init, body)`` -> ``[init].map(v, body)[0]``: the same value, in macros celpy runs."""
-    for node in list(tree.iter_subtrees()):
-        if str(node.data) != "member_dot_arg" or str(node.children[1]) != "bind":
-            continue
-        if selectorchecks._ident_name(node.children[0]) != "cel":
-            continue
-        args = [c for c in node.children[2].children if hasattr(c, "data")] if len(node.children) > 2 else []
-        if len(args) != 3 or selectorchecks._ident_name(args[0]) is None:
-            raise selectorchecks.Problem("cel.bind() needs a variable name, an initial value and an expression",
-                                         node)
-        token = node.children[1]
-        make = functools.partial(_node, type(node), node.meta)
-        listed = make("member", make("primary", make("list_lit", make("exprlist", args[1]))))
-        mapped = make("member_dot_arg", listed, token.update(value="map"), make("exprlist", args[0], args[2]))
-        zero = _expr(make, make("primary", make("literal", type(token)("INT_LIT", "0"))))
-        node.data, node.children = type(node.data)("RULE", "member_index"), [make("member", mapped), zero]
-    return tree
-
-
-def _expr(make: Any, primary: Any) -> Any:
-    """A whole expression tree around one ``primary`` node."""
-    node = primary
-    for rule in ("member", "unary", "multiplication", "addition", "relation", "conditionaland", "conditionalor",
-                 "expr"):
-        node = make(rule, node)
-    return node
-
-
-def _guard_macros(tree: Any) -> Any:
-    """``r.exists(x, ...)`` -> ``_iterable(r).exists(x, ...)``: cel-go fails a macro on a scalar (``got
-    'types.String', expected iterable type``); celpy would iterate a string's characters."""
-    for node in list(tree.iter_subtrees()):
-        if str(node.data) != "member_dot_arg" or str(node.children[1]) not in selectorchecks.MACROS:
-            continue
-        make = functools.partial(_node, type(node), node.meta)
-        name = type(node.children[1])("IDENT", "_iterable")
-        wrapped = make("primary", make("ident_arg", name, make("exprlist", _expr(make, node.children[0]))))
-        node.children[0] = make("member", wrapped)
-    return tree
-
-
-def _node(tree_class: Any, meta: Any, data: str, *children: Any) -> Any:
-    return tree_class(data, list(children), meta=meta)
 
 
 __all__ = ["NO_SELECTORS", "Quantity", "SelectorError", "SelectorRuntimeError", "Selectors", "Version",

@@ -234,7 +234,7 @@ class _Checker:
         args = _kids(kids[1]) if len(kids) > 1 else []
         if name in MACROS:
             receiver = self.infer(kids[0], scope)
-            variable = _ident_name(args[0]) if len(args) in (2, 3) else None
+            variable = ident_name(args[0]) if len(args) in (2, 3) else None
             if variable is None or (name != "map" and len(args) != 2):
                 raise Problem(f"found no matching overload for '{name}' (macro needs a variable and an "
                               "expression)", node)
@@ -292,7 +292,7 @@ def _unwrap(node: Any) -> Any:
     return node
 
 
-def _ident_name(node: Any) -> str | None:
+def ident_name(node: Any) -> str | None:
     inner = _unwrap(node)
     return str(inner.children[0]) if str(inner.data) == "ident" else None
 
