@@ -133,8 +133,8 @@ def _functions() -> dict[str, Any]:
         **dracel.QUANTITY_AND_SEMVER, **dracellib.STRINGS_LISTS_REGEX,
         "_==_": dracel.equal, "_!=_": dracel.not_equal, "_iterable": dracel.iterable,
         "_&&_": dracel.logical_and, "_||_": dracel.logical_or,
-        "_<_": dracel._ordering("_<_", lambda c: c < 0), "_<=_": dracel._ordering("_<=_", lambda c: c <= 0),
-        "_>_": dracel._ordering("_>_", lambda c: c > 0), "_>=_": dracel._ordering("_>=_", lambda c: c >= 0),
+        "_<_": dracel.ordering("_<_", lambda c: c < 0), "_<=_": dracel.ordering("_<=_", lambda c: c <= 0),
+        "_>_": dracel.ordering("_>_", lambda c: c > 0), "_>=_": dracel.ordering("_>=_", lambda c: c >= 0),
     }
 
 

@@ -131,7 +131,7 @@ def _by_domain(values: Mapping[str, Any], convert: Callable[[Any], Value]) -> Do
 
 # -- equality and order (cel-go's heterogeneous equality) ---------------------------------------------------------
 
-def _is_number(v: Value) -> bool:
+def is_number(v: Value) -> bool:
     return type_name(v) in ("int", "uint", "double")
 
 
@@ -142,7 +142,7 @@ def _plain(v: Value) -> Any:
 
 
 def same(a: Value, b: Value) -> bool:
-    if _is_number(a) and _is_number(b):
+    if is_number(a) and is_number(b):
         return bool(_plain(a) == _plain(b))
     if isinstance(a, type) or isinstance(b, type):
         return a is b
@@ -170,12 +170,12 @@ def not_equal(a: Value, b: Value) -> Value:
 _ORDERED = ("bool", "string", "bytes", "timestamp", "duration")
 
 
-def _ordering(name: str, test: Callable[[int], bool]) -> Callable[[Value, Value], Value]:
+def ordering(name: str, test: Callable[[int], bool]) -> Callable[[Value, Value], Value]:
     def compare(a: Value, b: Value) -> Value:
         for v in (a, b):
             if isinstance(v, CELEvalError):
                 return v
-        if _is_number(a) and _is_number(b):
+        if is_number(a) and is_number(b):
             a, b = _plain(a), _plain(b)
         elif type_name(a) != type_name(b) or type_name(a) not in _ORDERED:
             return no_overload(name, a, b)
@@ -235,13 +235,13 @@ def guarded(name: str, func: Callable[..., Value]) -> Callable[..., Value]:
     return call
 
 
-def _string(v: Value) -> str:
+def as_string(v: Value) -> str:
     if not isinstance(v, celtypes.StringType):
         raise TypeError
     return str(v)
 
 
-def _int(v: Value) -> int:
+def as_int(v: Value) -> int:
     if not isinstance(v, celtypes.IntType):
         raise TypeError
     return int(v)
@@ -276,7 +276,7 @@ def _int64(value: int) -> Value:
 def _semver_parse(text: Value, normalize: Value = None) -> Version:
     if normalize is not None and not isinstance(normalize, celtypes.BoolType):
         raise TypeError
-    return Version.parse_normalized(_string(text)) if normalize else Version.parse(_string(text))
+    return Version.parse_normalized(as_string(text)) if normalize else Version.parse(as_string(text))
 
 
 def _semver_ok(text: Value, normalize: Value = None) -> bool:
@@ -289,14 +289,14 @@ def _semver_ok(text: Value, normalize: Value = None) -> bool:
 
 def _quantity_ok(text: Value) -> bool:
     try:
-        Quantity.parse(_string(text))
+        Quantity.parse(as_string(text))
     except ValueError:
         return False
     return True
 
 
 def _plus(q: Value, other: Value, sign: int) -> Value:
-    amount = other.value.value if isinstance(other, QuantityValue) else _int(other)
+    amount = other.value.value if isinstance(other, QuantityValue) else as_int(other)
     return QuantityValue(Quantity.of(_quantity(q).value + sign * amount))
 
 
@@ -308,7 +308,7 @@ def _as_integer(q: Value) -> Value:
 
 
 _QUANTITY_AND_SEMVER: dict[str, Callable[..., Value]] = {
-    "quantity": lambda s: QuantityValue(Quantity.parse(_string(s))),
+    "quantity": lambda s: QuantityValue(Quantity.parse(as_string(s))),
     "isQuantity": lambda s: celtypes.BoolType(_quantity_ok(s)),
     "semver": lambda s, n=None: SemverValue(_semver_parse(s, n)),
     "isSemver": lambda s, n=None: celtypes.BoolType(_semver_ok(s, n)),
@@ -324,7 +324,7 @@ _QUANTITY_AND_SEMVER: dict[str, Callable[..., Value]] = {
     "asApproximateFloat": lambda q: celtypes.DoubleType(_quantity(q).as_float()),
     "add": lambda q, o: _plus(q, o, 1),
     "sub": lambda q, o: _plus(q, o, -1),
-    "mul": lambda q, n: QuantityValue(Quantity.of(_quantity(q).value * _int(n))),
+    "mul": lambda q, n: QuantityValue(Quantity.of(_quantity(q).value * as_int(n))),
 }
 
 QUANTITY_AND_SEMVER = {name: guarded(name, func) for name, func in _QUANTITY_AND_SEMVER.items()}
