@@ -135,6 +135,10 @@ def test_comparing_a_string_attribute_with_an_int_is_false_not_an_error() -> Non
      "found no matching overload for '_>_' applied to '(kubernetes.Quantity, kubernetes.Quantity)'"),
     ("device.attributes['gpu.nvidia.com'].productName.startsWith('NVIDIA H'", "Syntax error"),
     ("", "the expression is empty"),
+    ("(" * 3000 + "true" + ")" * 3000, "nested too deeply"),
+    # Kubernetes' base environment has these; this engine refuses them instead of answering differently
+    ("device.attributes['gpu.nvidia.com'].all(k, v, v != '')", "found no matching overload for 'all'"),
+    ("sets.contains([1, 2], [1])", "undeclared reference to 'sets'"),
 ])
 def test_what_the_api_server_refuses_is_refused_with_its_reason(expression: str, problem: str) -> None:
     with pytest.raises(SelectorError) as refused:

@@ -18,6 +18,10 @@ From the real source (kubernetes/kubernetes, 2026):
   the functions cel-python lacks, in ``dracel`` / ``dracellib``.
 
 Not modelled: CEL cost limits (``CELSelectorExpressionMaxCost``); the length limit is the API's validation.
+Not supported, and refused at compile time rather than run differently: optional types (``.?field``,
+``orValue``: cel-python cannot parse them), two-variable comprehensions (``all(k, v, ...)``) and the ``sets``,
+``url``, ``ip``, ``cidr`` and ``format`` libraries of Kubernetes' base environment, none of which DRA drivers'
+examples use.
 
 Speed: cel-python interprets its parse tree, about 1-2 ms per evaluation. An expression only sees the parts of
 ``device`` it names (``device.attributes['gpu.nvidia.com'].productName``), so its verdicts are cached by
@@ -149,9 +153,13 @@ def _compile(expression: str) -> _Program:
         tree = env.compile(expression)
     except celpy.celparser.CELParseError as e:
         raise SelectorError(expression, _syntax_error(expression, e)) from None
+    except RecursionError:
+        raise SelectorError(expression, _compile_error(expression, "expression nested too deeply", 1, 0)) from None
     try:
         tree = selectortrees.rewrite_bind(tree)
         selectorchecks.check(tree)
+    except RecursionError:
+        raise SelectorError(expression, _compile_error(expression, "expression nested too deeply", 1, 0)) from None
     except selectorchecks.Problem as e:
         raise SelectorError(expression, _compile_error(expression, e.message, e.line, e.column)) from None
     return _Program(expression, env.program(selectortrees.guard_macros(tree), functions=_functions()),
