@@ -156,6 +156,10 @@ def test_the_error_points_at_the_offending_field() -> None:
         " | device.attributes['x'].y && device.flavour == 'z'",
         " | ..................................^",
     ]
+    with pytest.raises(SelectorError) as refused:
+        compile_selectors(["device.driver  == 1"])
+    assert refused.value.detail.splitlines()[0] == (
+        "compilation failed: ERROR: <input>:1:16: found no matching overload for '_==_' applied to '(string, int)'")
 
 
 def test_alike_devices_cost_one_evaluation_and_different_ones_their_own() -> None:

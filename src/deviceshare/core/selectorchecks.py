@@ -186,14 +186,14 @@ class _Checker:
             return BOOL
         if op == "relation_in":
             if right not in (LIST, *_MAPS):
-                raise _overload(name, node, left, right)
+                raise _operator(name, kids[0], left, right)
         elif op in ("relation_eq", "relation_ne"):
             if left != right and not (left in _NUMBERS and right in _NUMBERS) and NULL not in (left, right) \
                     and not (left in _MAPS and right in _MAPS):
-                raise _overload(name, node, left, right)
+                raise _operator(name, kids[0], left, right)
         elif not ((left in _NUMBERS and right in _NUMBERS)
                   or (left == right and left in (BOOL, STRING, BYTES, "timestamp", "duration"))):
-            raise _overload(name, node, left, right)
+            raise _operator(name, kids[0], left, right)
         return BOOL
 
     def _arithmetic(self, node: Any, kids: list[Any], scope: dict[str, str]) -> str:
@@ -206,7 +206,7 @@ class _Checker:
         allowed = (INT, UINT, DOUBLE, STRING, BYTES, LIST) if op == "addition_add" else \
             (INT, UINT) if op == "multiplication_mod" else _NUMBERS
         if left != right or left not in allowed:
-            raise _overload(name, node, left, right)
+            raise _operator(name, kids[0], left, right)
         return left
 
     def _field(self, node: Any, receiver: str, field: str) -> str:
@@ -275,6 +275,17 @@ class _Checker:
                                           for want, got in zip(types, arg_types, strict=False)):
             raise _overload(name, node, *arg_types)
         return result
+
+
+def _operator(name: str, operation: Any, left: str, right: str) -> Problem:
+    """A binary operator without an overload, located at the operator as cel-go locates it: ``operation`` is
+    the ``relation_eq``-like node that spans the left operand and the operator."""
+    problem = _overload(name, operation, left, right)
+    symbol = name.strip("_@")
+    meta = operation.meta
+    if not getattr(meta, "empty", True):
+        problem.line, problem.column = int(meta.end_line), max(int(meta.end_column) - len(symbol) - 1, 0)
+    return problem
 
 
 def _overload(name: str, node: Any, *types: str, member: bool = False) -> Problem:
