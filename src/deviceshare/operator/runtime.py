@@ -8,13 +8,13 @@ that starts, :meth:`Runtime.rebuild` reconstructs the ledger from the API, so a 
 operator never hands out a device the API shows as taken. With an election, workers run only while this replica
 holds the Lease (``leadership.py``).
 
-Each term (a start, or an election) begins with one list of nodes, groups and pods: the rebuild's. The node and
-pod watches of that term resume from those lists' resourceVersions; the groups, which Kopf watches for the whole
-process, are held from the rebuild's start and replayed from its list on (``groupfeed.py``). So an event that
-happens during the rebuild is delivered to the state the rebuild made, never to the one it replaces, and nothing
-is listed twice. A deposed replica stops its watches with its workers and closes the groups' gate: a standby acts
-on nothing. Writes pass a fence (``storage.Fence``): the Lease's (``Leadership.remaining``) or, for a single
-replica, one that is open while it runs.
+Each term (a start, or an election) begins with one list of nodes, groups and pods: the rebuild's. The watches of
+that term resume from those lists' resourceVersions; with ``--groups-through-kopf`` the groups, which Kopf watches
+for the whole process, are held from the rebuild's start and replayed from its list on (``groupfeed.py``). So an
+event that happens during the rebuild is delivered to the state the rebuild made, never to the one it replaces,
+and nothing is listed twice. A deposed replica stops its watches with its workers and closes the groups' gate: a
+standby acts on nothing. Writes pass a fence (``storage.Fence``): the Lease's (``Leadership.remaining``) or, for a
+single replica, one that is open while it runs.
 """
 
 from __future__ import annotations
