@@ -69,8 +69,9 @@ def free_port() -> int:
 class OperatorProcess:
     """``deviceshare operator --kubeconfig K`` from ``src`` (this tree's when None), logging to ``log``."""
 
-    def __init__(self, kubeconfig: Path, *, src: Path | None = None, log: Path | None = None) -> None:
-        self.kubeconfig, self.src = kubeconfig, src or ROOT / "src"
+    def __init__(self, kubeconfig: Path, *, src: Path | None = None, log: Path | None = None,
+                 args: tuple[str, ...] = ()) -> None:
+        self.kubeconfig, self.src, self.args = kubeconfig, src or ROOT / "src", args
         self.port = free_port()
         self.log = log or kubeconfig.with_name(f"operator-{self.port}.log")
         self.popen: subprocess.Popen[bytes] | None = None
@@ -80,7 +81,7 @@ class OperatorProcess:
         env = {**os.environ, "PYTHONPATH": str(self.src)}
         command = [sys.executable, "-c", "import sys; from deviceshare.cli import main; sys.exit(main())",
                    "operator", "--kubeconfig", str(self.kubeconfig), "--metrics-host", "127.0.0.1",
-                   "--metrics-port", str(self.port)]
+                   "--metrics-port", str(self.port), *self.args]
         with self.log.open("wb") as out:
             self.popen = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
         self.process = psutil.Process(self.popen.pid)

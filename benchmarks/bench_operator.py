@@ -60,7 +60,7 @@ CODE = {
 }
 # ... and by what it is for (root down).
 PURPOSE = {
-    "scheduling cycles (decide, status write, binding)": ("Runtime._worker",),
+    "scheduling cycles (decide, status write, binding)": ("Deciding.worker",),
     "group reconciles": ("ReconcileLoop", "GroupReconciler"),
     "events": ("_post_events", "EventRecorder"),
     "watches (nodes, groups, pods)": ("Reflector.run",),

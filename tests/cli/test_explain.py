@@ -7,18 +7,17 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from deviceshare import cli
 from deviceshare.api import names
 from deviceshare.cli import explain
 from deviceshare.sandbox import Sandbox
+from tests import kubeconfigs
 from tests.operator.conftest import RunningOperator
 from tests.operator.kube import Kube, scheduled_condition
 
@@ -262,18 +261,7 @@ async def test_with_two_kubeconfig_files_the_first_current_context_gives_cluster
 ) -> None:
     """KUBECONFIG=a:b, both setting a current context: kubectl (client-go) uses a's, for the cluster and for the
     namespace alike. b's context points at a server that does not answer, in another namespace."""
-    first = yaml.safe_load(cluster.kubeconfig.read_text())
-    first["contexts"][0]["context"]["namespace"] = "team-a"
-    second = {
-        "apiVersion": "v1", "kind": "Config", "current-context": "elsewhere",
-        "clusters": [{"name": "elsewhere", "cluster": {"server": "https://127.0.0.1:1"}}],
-        "users": [{"name": "elsewhere", "user": {"token": "x"}}],
-        "contexts": [{"name": "elsewhere", "context": {"cluster": "elsewhere", "user": "elsewhere",
-                                                        "namespace": "team-b"}}],
-    }
-    (tmp_path / "a").write_text(yaml.safe_dump(first))
-    (tmp_path / "b").write_text(yaml.safe_dump(second))
-    monkeypatch.setenv("KUBECONFIG", f"{tmp_path / 'a'}{os.pathsep}{tmp_path / 'b'}")
+    monkeypatch.setenv("KUBECONFIG", kubeconfigs.first_of_two(cluster.kubeconfig, tmp_path, namespace="team-a"))
     await kube.create_pod("team-a", "plain", None)
     capsys.readouterr()
     rc = await asyncio.to_thread(cli.main, ["explain", "plain"])

@@ -20,6 +20,7 @@ import pytest
 from deviceshare import cli
 from deviceshare.cli import inspect
 from deviceshare.sandbox import Sandbox
+from tests import kubeconfigs
 from tests.operator.conftest import RunningOperator
 from tests.operator.kube import Kube
 
@@ -116,6 +117,16 @@ async def test_kubeconfig_from_the_environment_and_unknown_node(
     assert [n["name"] for n in json.loads(out)["nodes"]] == ["gpu-node-2"]
     rc, _, err = await _main(capsys, "inspect", "--node", "no-such-node")
     assert rc == 1 and "no-such-node" in err
+
+
+async def test_with_two_kubeconfig_files_the_first_current_context_is_the_cluster(
+    cluster: Sandbox, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """KUBECONFIG=a:b, both setting a current context: kubectl reads a's (b's server does not answer)."""
+    monkeypatch.setenv("KUBECONFIG", kubeconfigs.first_of_two(cluster.kubeconfig, tmp_path))
+    rc, out, err = await _main(capsys, "inspect", "--node", "gpu-node-2", "-o", "json")
+    assert (rc, err) == (0, "")
+    assert [n["name"] for n in json.loads(out)["nodes"]] == ["gpu-node-2"]
 
 
 def _node(name: str, gpus: int, *, shared: bool = True, devices: list[str] | None = None) -> dict[str, Any]:

@@ -226,11 +226,12 @@ def kopf_scanning_disabled(path: Path = COMMAND) -> bool:
     return False
 
 
-def kopf_needs(*, peering: bool | None = None) -> set[Access]:
-    """Kopf's needs; ``peering`` defaults to what ``handlers.run`` starts it with (not standalone)."""
+def kopf_needs(*, peering: bool | None = None, groups_through_kopf: bool = False) -> set[Access]:
+    """Kopf's needs; ``peering`` defaults to what ``handlers.run`` starts it with (not standalone);
+    ``groups_through_kopf``: with ``deviceshare operator --groups-through-kopf``."""
     peering = not kopf_is_standalone() if peering is None else peering
     registry = kopf.OperatorRegistry()
-    handlers.register(registry, OperatorConfig())
+    handlers.register(registry, OperatorConfig(groups_through_kopf=groups_through_kopf))
     needs: set[Access] = set()
     watched = [*registry._watching.get_all_handlers(), *registry._indexing.get_all_handlers(),
                *registry._spawning.get_all_handlers()]
@@ -255,8 +256,9 @@ def kopf_needs(*, peering: bool | None = None) -> set[Access]:
     return needs
 
 
-def operator_needs() -> set[Access]:
-    return {access_for(m, p) for m, p in storage_calls()} | storage_reflected() | kopf_needs()
+def operator_needs(*, groups_through_kopf: bool = False) -> set[Access]:
+    return ({access_for(m, p) for m, p in storage_calls()} | storage_reflected()
+            | kopf_needs(groups_through_kopf=groups_through_kopf))
 
 
 # -- webhook -----------------------------------------------------------------------------------

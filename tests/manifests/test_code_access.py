@@ -105,3 +105,12 @@ def test_the_leader_election_lease_is_needed_in_the_operators_namespace_only() -
     leases = {a for a in code_access.operator_needs() if a.resource == "leases"}
     assert leases == {Access("coordination.k8s.io", "leases", v, own_namespace=True)
                       for v in ("get", "create", "update")}
+
+
+def test_groups_through_kopf_need_no_access_the_default_does_not() -> None:
+    """``--groups-through-kopf`` swaps our group watch for Kopf's: the same list and watch, no CRD access (its
+    scanning stays off), so the installed RBAC serves either way."""
+    through_kopf = code_access.kopf_needs(groups_through_kopf=True) - code_access.kopf_needs()
+    assert through_kopf == {Access("deviceshare.io", "shareddevicegroups", "list"),
+                            Access("deviceshare.io", "shareddevicegroups", "watch")}
+    assert code_access.operator_needs(groups_through_kopf=True) == code_access.operator_needs()

@@ -20,7 +20,8 @@ import yaml
 from deviceshare.operator.config import OperatorConfig
 from deviceshare.operator.process import OperatorThread
 from deviceshare.sandbox import Sandbox
-from tests import waiting
+from tests import kubeconfigs, waiting
+from tests.operator.conftest import operator_config, start_operator
 from tests.operator.kube import Kube
 
 GPU = "nvidia.com/gpu"
@@ -89,3 +90,18 @@ async def test_an_operator_started_before_its_api_server_binds_pods_once_it_come
     assert "address already in use" not in log
     assert "Unclosed client session" not in log
     assert "cannot start yet" in log  # it did fail first, and said so in one line per try
+
+
+async def test_with_two_kubeconfig_files_the_operator_connects_with_the_first_current_context(
+    cluster: Sandbox, kube: Kube, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """KUBECONFIG=a:b, both setting a current context: the operator (its own client and Kopf's login) connects with
+    a's, as kubectl would; b's server does not answer, so an operator that read b never binds the pod."""
+    monkeypatch.setenv("KUBECONFIG", kubeconfigs.first_of_two(cluster.kubeconfig, tmp_path))
+    operator = await start_operator(operator_config(cluster, kubeconfig=None))
+    try:
+        await kube.create_group("ml", "g", {GPU: 1})
+        await kube.create_pod("ml", "p", "g")
+        assert (await kube.wait_bound("ml", "p"))["spec"]["nodeName"]
+    finally:
+        await operator.stop()

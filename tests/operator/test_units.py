@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import datetime
 
+import pytest
+
 from deviceshare.api import envnames, names
 from deviceshare.operator import queueing, rebuild, state, statuses
 from tests import waiting
@@ -116,15 +118,20 @@ def test_an_assumed_binding_survives_an_older_event() -> None:
     assert cluster.members_on_devices(("ns", "g"))[0].name == "p"
 
 
-def test_only_event_handlers_so_kopf_needs_no_diff_base() -> None:
-    """NoDiffBase is only sound while Kopf has no change handler (on.create/update/delete/field) to feed."""
+@pytest.mark.parametrize("through_kopf", [False, True])
+def test_only_event_handlers_so_kopf_needs_no_diff_base(through_kopf: bool) -> None:
+    """NoDiffBase is only sound while Kopf has no change handler (on.create/update/delete/field) to feed; without
+    one Kopf also keeps no progress or last-handled annotations and adds no finalizer of its own."""
     import kopf
 
     from deviceshare.operator import handlers
     from deviceshare.operator.config import OperatorConfig
 
     registry = kopf.OperatorRegistry()
-    handlers.register(registry, OperatorConfig())
+    handlers.register(registry, OperatorConfig(groups_through_kopf=through_kopf))
     assert list(registry._changing.get_all_handlers()) == []
     assert list(registry._spawning.get_all_handlers()) == []
-    assert list(registry._watching.get_all_handlers()) == []  # nodes, groups, pods: our own reflectors
+    assert list(registry._indexing.get_all_handlers()) == []
+    # Groups through Kopf only when asked; nodes and pods always through our own reflectors.
+    watched = [(h.selector.group, h.selector.any_name) for h in registry._watching.get_all_handlers() if h.selector]
+    assert watched == ([(names.GROUP, names.PLURAL)] if through_kopf else [])

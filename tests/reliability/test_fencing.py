@@ -171,3 +171,56 @@ async def test_a_pod_created_during_a_new_terms_rebuild_is_placed(cluster: Any, 
     finally:
         cluster.clear_faults()
         await kill(leader)
+
+
+@pytest.mark.parametrize("through_kopf", [False, True], ids=["reflector", "kopf"])
+async def test_groups_created_changed_and_deleted_during_a_new_terms_rebuild_are_all_handled(
+    cluster: Any, watchdog: Watchdog, through_kopf: bool
+) -> None:
+    """Nothing a group does during a rebuild is lost, and nothing is applied to the state being replaced: our own
+    group watch resumes from the rebuild's list; Kopf's stream (``--groups-through-kopf``), which runs across terms,
+    is held during the rebuild, then replayed onto the rebuilt state. The groups without pods are the ones only
+    their own events can bring to the operator (no pod event asks for them)."""
+    setup(cluster)
+    leader = await replica(cluster, "replica-a", election_settle=0.05, groups_through_kopf=through_kopf)
+    try:
+        await workload.until(lambda: leader.runtime is not None and leader.runtime.scheduling, "the first term")
+        cluster.create(workload.group_body(NS, "idle", {workload.GPU: 1}))
+        cluster.create(workload.group_body(NS, "resized", {workload.GPU: 8}))  # more than the node has
+        cluster.create(workload.pod_body(NS, "resized-0", "resized"))
+        await workload.until(lambda: has_finalizer(cluster, "idle"), "our finalizer on the idle group")
+        await workload.until(lambda: workload.failed_scheduling(cluster, NS, "resized-0"), "resized-0 unschedulable")
+
+        take_the_lease(cluster, duration=1)
+        await workload.until(lambda: not leader.runtime.scheduling, "the leader deposed")
+        # The next term's rebuild: its list of nodes is held while pods and groups are already listed.
+        nodes = cluster.inject_fault("GET", r"^/api/v1/nodes$", hold=True)
+        await workload.until(lambda: nodes.fired, "the second term's rebuild under way")
+        cluster.create(workload.group_body(NS, "fresh", {workload.GPU: 1}))
+        cluster.patch(names.PLURAL, "resized", {"spec": {"resources": {workload.GPU: 1}}}, NS)
+        cluster.delete(names.PLURAL, "idle", NS)  # held by our finalizer: the operator must let it go
+        changed = [int(cluster.get(names.PLURAL, g, NS)["metadata"]["resourceVersion"]) for g in ("fresh", "resized")]
+        if through_kopf:  # Kopf's stream brings the three changes (on its own thread's loop) while the rebuild waits.
+            await workload.until(lambda: leader.runtime.intake.groups.holding >= 3, "the three group events held")
+        held = (leader.runtime.intake.groups.state == "held" or not through_kopf) and not leader.runtime.scheduling
+        nodes.release()  # the rebuild goes on only now: the groups surely changed inside it
+        await workload.until(lambda: leader.runtime.scheduling, "the second term schedules")
+        listed, term = int(leader.runtime._listed["groups"]), leader.runtime.leadership.terms
+
+        await workload.until(lambda: cluster.get(names.PLURAL, "idle", NS) is None, "the idle group deleted, gone")
+        await workload.until(lambda: has_finalizer(cluster, "fresh") and phase(cluster, "fresh") == "Pending",
+                             "the new group's finalizer and status")
+        await workload.until(lambda: workload.bound_pods(cluster, NS), "the resized group's pod bound")
+        assert held, "the groups did not change inside the rebuild's window"
+        assert term == 2 and min(changed) > listed, "the changes were in the rebuild's list"
+    finally:
+        cluster.clear_faults()
+        await kill(leader)
+
+
+def has_finalizer(cluster: Any, group: str) -> bool:
+    return names.GROUP_FINALIZER in cluster.get(names.PLURAL, group, NS)["metadata"].get("finalizers", [])
+
+
+def phase(cluster: Any, group: str) -> str | None:
+    return (cluster.get(names.PLURAL, group, NS).get("status") or {}).get("phase")

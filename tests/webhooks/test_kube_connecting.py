@@ -8,6 +8,7 @@ import pytest
 from kubernetes_asyncio import client
 
 from deviceshare.kube import connecting
+from tests import kubeconfigs
 from tests.webhooks import fakeapi
 from tests.webhooks.test_command import kubeconfig_for
 
@@ -63,3 +64,14 @@ async def test_api_client_reaches_the_cluster(
             "deviceshare.io", "v1alpha1", "shareddevicegroups"
         )
     assert [i["metadata"]["name"] for i in listed["items"]] == ["trainer"]
+
+
+async def test_with_two_files_the_first_current_context_wins(clean_env: Path, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """client-go's merge, which every command connects through (operator, webhook, node agent, inspect, explain,
+    demo): the first file that sets current-context decides it; kubernetes_asyncio's own lets the last one win."""
+    monkeypatch.setenv("KUBECONFIG", kubeconfigs.first_of_two(kubeconfig_for("http://first:1", tmp_path / "k"),
+                                                              tmp_path, namespace="team-a"))
+    assert await server_of() == "http://first:1"
+    assert connecting.current_context() == ("fake", "team-a")
+    assert await server_of(str(tmp_path / "b")) == kubeconfigs.NOWHERE  # one file named: its own context

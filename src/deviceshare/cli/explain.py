@@ -17,8 +17,6 @@ import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-import yaml
-
 from deviceshare.api import names
 from deviceshare.cli import capacityhints, handoverview, linkview
 from deviceshare.cli import inspect as inspect_
@@ -304,23 +302,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--context", help="kubeconfig context (default: the kubeconfig's current context)")
 
 
-def _context_and_namespace(kubeconfig: str | None, context: str | None) -> tuple[str | None, str]:
-    """The context to connect with and its namespace, as kubectl (client-go) picks them from the kubeconfig files
-    merged in order: the first file that sets ``current-context`` decides it (unless ``context`` is given), and a
-    context's definition comes from the first file naming it. The context is passed on to the connection, so both
-    come from this one reading (kubernetes_asyncio's own merge lets the last file's current-context win)."""
-    from deviceshare.kube import connecting
-
-    chosen, contexts = context, dict[str | None, Any]()
-    for path in connecting.kubeconfig_paths(kubeconfig):
-        with open(path) as f:
-            cfg = yaml.safe_load(f) or {}
-        chosen = chosen or cfg.get("current-context") or None
-        for ctx in cfg.get("contexts") or []:
-            contexts.setdefault(ctx.get("name"), ctx.get("context") or {})
-    return chosen, str((contexts.get(chosen) or {}).get("namespace") or "default")
-
-
 async def run_async(kubeconfig: str | None, namespace: str, pod: str, *, context: str | None = None) -> list[str]:
     from deviceshare.kube import connecting
 
@@ -329,10 +310,11 @@ async def run_async(kubeconfig: str | None, namespace: str, pod: str, *, context
 
 
 def run(args: argparse.Namespace) -> int:
-    from deviceshare.kube import rest
+    from deviceshare.kube import connecting, rest
 
     try:
-        context, default_namespace = _context_and_namespace(args.kubeconfig, args.context)
+        # The namespace and the connection from one reading of the kubeconfig files (connecting.current_context).
+        context, default_namespace = connecting.current_context(args.kubeconfig, args.context)
         namespace = args.namespace or default_namespace
         lines = asyncio.run(run_async(args.kubeconfig, namespace, args.pod, context=context))
     except rest.ApiError as e:

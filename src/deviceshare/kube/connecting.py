@@ -2,7 +2,10 @@
 
 Precedence follows client-go's loading rules: an explicit ``--kubeconfig`` path, then the
 ``KUBECONFIG`` environment variable (a ``:``-separated list, merged), then ``~/.kube/config``, and
-only when none of those exists the in-cluster service account. ``KUBECONFIG`` is read at call time,
+only when none of those exists the in-cluster service account. Of several files, the first that sets
+``current-context`` decides it, and a context's definition comes from the first file naming it, as client-go merges
+them (:func:`current_context`); every command connects through :func:`configuration`, which passes that context to
+the library (whose own merge would let the last file's ``current-context`` win). ``KUBECONFIG`` is read at call time,
 not at import time as ``kubernetes_asyncio.config`` does, so tests and the demo can point a fresh
 client at a fresh cluster within one process.
 
@@ -17,6 +20,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import aiohttp
+import yaml
 from kubernetes_asyncio import client, config
 
 from deviceshare import errors
@@ -42,6 +46,27 @@ def kubeconfig_paths(kubeconfig: str | None = None) -> list[str]:
     return [str(default)] if default.exists() else []
 
 
+def current_context(kubeconfig: str | None = None, context: str | None = None) -> tuple[str | None, str]:
+    """The context to connect with and its namespace, as client-go picks them from the kubeconfig files merged in
+    order: the first file that sets ``current-context`` decides it (unless ``context`` is given), and a context's
+    definition comes from the first file naming it (client-go's ``ClientConfigLoadingRules.Load``: map entries and
+    the current context are first-wins). ``(None, "default")`` where no file names one."""
+    chosen, contexts = context, dict[str | None, Any]()
+    for path in kubeconfig_paths(kubeconfig):
+        try:
+            with open(path) as f:
+                cfg = yaml.safe_load(f) or {}
+        except (OSError, yaml.YAMLError) as e:
+            raise ClusterNotFound(f"kubeconfig {path} is not usable: {e} (--kubeconfig)") from e
+        if not isinstance(cfg, dict):
+            raise ClusterNotFound(f"kubeconfig {path} is not usable: not a mapping (--kubeconfig)")
+        chosen = chosen or cfg.get("current-context") or None
+        for ctx in cfg.get("contexts") or []:
+            if isinstance(ctx, dict):
+                contexts.setdefault(ctx.get("name"), ctx.get("context") or {})
+    return chosen, str((contexts.get(chosen) or {}).get("namespace") or "default")
+
+
 def in_cluster() -> bool:
     """Whether this process runs in a pod with a service account (what client-go checks)."""
     return bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and bool(os.environ.get("KUBERNETES_SERVICE_PORT"))
@@ -52,6 +77,7 @@ async def configuration(kubeconfig: str | None = None, *, context: str | None = 
     paths = kubeconfig_paths(kubeconfig)
     cfg = client.Configuration()
     if paths:
+        context = current_context(kubeconfig, context)[0]  # the first file's, not the library's last-wins
         try:
             loader = await config.load_kube_config(
                 config_file=os.pathsep.join(paths),

@@ -51,6 +51,9 @@ class OperatorConfig:
     election_settle: float = 2.0
     # A preemptor's nomination keeps the room being freed for it this long at most (CONTRACT §8: 60 s).
     nomination_ttl: float = 60.0
+    # SharedDeviceGroups through Kopf's on.event handler (handlers.py) instead of our own reflector: off by default,
+    # since it cost 1.6x the operator CPU per bound pod on one-pod groups (docs/architecture.md, issue 36).
+    groups_through_kopf: bool = False
     # Kopf keeps a per-object worker this long after its last event (and waits for them when stopping).
     worker_idle_timeout: float = 5.0
     # Start-up: while the API does not answer, tries are spaced by a doubling delay capped here, so the

@@ -1,7 +1,8 @@
 """Intake: what the cluster tells us goes into the operator's state, and the work it makes due into the queues.
 
 Watch events come from our own reflectors (nodes, groups and pods, through a :class:`NodeFeed` and a
-:class:`Feed` each; Kopf only logs in and runs the lifecycle, see ``handlers.py``). Every ``on_*`` method is
+:class:`Feed` each), or, with ``--groups-through-kopf``, the groups from Kopf's ``on.event`` handler
+(``handlers.py``) through the term's gate, :class:`~.groupfeed.GroupFeed`. Every ``on_*`` method is
 synchronous and cheap: it updates the ledger and the records in ``ctx.state``, then makes pods due for a
 decision (:class:`~.queueing.SchedulingQueue`) and groups due for a status reconcile
 (:class:`~.queueing.ReconcileQueue`). Nothing here decides or writes to the API.
@@ -23,6 +24,7 @@ from deviceshare.kube import watching
 
 from . import state as state_
 from .context import Context
+from .groupfeed import GroupFeed
 from .queueing import ReconcileQueue, SchedulingQueue
 
 logger = logging.getLogger(__name__)
@@ -41,36 +43,46 @@ class Intake:
     ) -> None:
         self.ctx = ctx
         self._pods, self._groups, self._is_ours = pods, groups, is_ours
-        # The pods and groups feeds, from the first election on (see :meth:`watch`).
+        # The pods and groups feeds, from the first term on (see :meth:`watch`); or the groups from Kopf, gated by
+        # the term (``--groups-through-kopf``).
         self.pod_reflector: watching.Reflector | None = None
         self.group_reflector: watching.Reflector | None = None
+        self.groups = GroupFeed(self.on_group)
 
     def watch(self, quotas: watching.Sink, *, resume_from: Mapping[str, str | None]) -> list[asyncio.Task[None]]:
         """Start watching nodes, groups, pods and ResourceQuotas (into ``quotas``); the tasks run until cancelled.
 
         Called at the start of each term, right after the rebuild listed nodes, groups and pods: their watches
         resume from those lists' resourceVersions (``resume_from``, by ``nodes``/``groups``/``pods``), so what
-        happened during the rebuild arrives as events on the state the rebuild made.
+        happened during the rebuild arrives as events on the state the rebuild made. With the groups through Kopf
+        no group watch starts here: Kopf's stream, held during the rebuild, is replayed from the groups' list on
+        (:class:`GroupFeed`).
         """
         loop, api = asyncio.get_running_loop(), self.ctx.api
         nodes = NodeFeed(self)
-        groups = Feed(self.ctx, "group", lambda: self.ctx.state.groups, self.on_group, self.group_gone)
         pods = Feed(self.ctx, "pod", lambda: self.ctx.state.pods, self.on_pod, self.pod_gone)
         node_reflector = api.node_reflector(nodes, resume_from=resume_from.get("nodes"))
-        self.group_reflector = api.group_reflector(groups, resume_from=resume_from.get("groups"))
         self.pod_reflector = api.pod_reflector(pods, resume_from=resume_from.get("pods"))
         quota_reflector = api.quota_reflector(quotas)  # device budgets (quotas.py)
-        return [
+        tasks = [
             loop.create_task(node_reflector.run(), name="watch nodes"),
-            loop.create_task(self.group_reflector.run(), name="watch groups"),
             loop.create_task(self.pod_reflector.run(), name="watch pods"),
             loop.create_task(quota_reflector.run(), name="watch resourcequotas"),
         ]
+        if self.ctx.config.groups_through_kopf:
+            self.groups.open(resume_from.get("groups"))
+        else:
+            groups = Feed(self.ctx, "group", lambda: self.ctx.state.groups, self.on_group, self.group_gone)
+            self.group_reflector = api.group_reflector(groups, resume_from=resume_from.get("groups"))
+            tasks.append(loop.create_task(self.group_reflector.run(), name="watch groups"))
+        return tasks
 
     @property
     def synced(self) -> bool:
-        """The pod and group feeds have each listed the cluster once (readiness)."""
-        feeds = (self.pod_reflector, self.group_reflector)
+        """The pod and group feeds have each listed the cluster once (readiness; groups through Kopf were listed by
+        the rebuild)."""
+        feeds = [self.pod_reflector] if self.ctx.config.groups_through_kopf else [self.pod_reflector,
+                                                                                 self.group_reflector]
         return all(f is not None and f.synced.is_set() for f in feeds)
 
     # -- watch events ----------------------------------------------------------------------------
@@ -172,30 +184,36 @@ class Intake:
     # -- the audit ---------------------------------------------------------------------------------
 
     async def audit_loop(self) -> None:
+        """The audit every ``audit_interval``; with the groups through Kopf, of the groups alone as soon as Kopf has
+        listed them again (at start, or after its watch expired): its list carries no deletions, and Kopf reports
+        none (with our own group reflector, :meth:`Feed.end` finds those)."""
+        interval = self.ctx.config.audit_interval
         while True:
-            await asyncio.sleep(self.ctx.config.audit_interval)
+            relisted = await self.groups.relisted(interval)
             try:
-                await self.audit()
+                await self.audit(pods=not relisted)
             except Exception:
-                logger.warning("audit of pods and groups failed; next one in %.0fs",
-                               self.ctx.config.audit_interval, exc_info=True)
+                logger.warning("audit of pods and groups failed; next one in %.0fs", interval, exc_info=True)
 
-    async def audit(self) -> int:
-        """Forget pods and groups the API no longer has although no DELETED event said so. Returns how many.
+    async def audit(self, *, pods: bool = True) -> int:
+        """Forget pods (unless not ``pods``) and groups the API no longer has although no DELETED event said so.
+        Returns how many.
 
         A list alone cannot tell (what was created after it is missing from it too, and applying a list
         over newer watch events goes backwards); so a held object the list lacks is read by itself, and
         only a 404 or another uid under its name counts as deleted.
         """
         ctx = self.ctx
-        pod_list, group_list = await asyncio.gather(ctx.api.list_pods(_uid), ctx.api.list_groups(_uid))
-        listed = set(pod_list.items)  # only the uids, page by page: 150,000 pods' bodies never held at once
         forgotten = 0
-        for pod in [p for p in ctx.state.pods.values() if p.uid not in listed]:
-            body = await ctx.api.get_pod(pod.key)
-            if body is None or (body.get("metadata") or {}).get("uid") != pod.uid:
-                forgotten += 1
-            self.pod_read(pod, body)
+        group_list = await ctx.api.list_groups(_uid)
+        if pods:
+            pod_list = await ctx.api.list_pods(_uid)
+            listed = set(pod_list.items)  # only the uids, page by page: 150,000 pods' bodies never held at once
+            for pod in [p for p in ctx.state.pods.values() if p.uid not in listed]:
+                body = await ctx.api.get_pod(pod.key)
+                if body is None or (body.get("metadata") or {}).get("uid") != pod.uid:
+                    forgotten += 1
+                self.pod_read(pod, body)
         listed = set(group_list.items)
         for group in [g for g in ctx.state.groups.values() if g.uid not in listed]:
             current = await ctx.api.read_group_if_exists(group.key)

@@ -1,18 +1,20 @@
-"""The running operator's lifecycle: start and stop, election, the rebuild, and the term's tasks.
+"""The running operator's lifecycle: start and stop, election, the rebuild, and each term's tasks.
 
 Watch events enter through the :class:`~.intake.Intake` (synchronous, cheap: it only records and enqueues).
 Decisions happen in worker tasks taking pods off the :class:`~.queueing.SchedulingQueue` (``deciding.py``, which
 routes each outcome: bound, parked, retried, reported). Group status work runs in the
-:class:`~.reconciler.GroupReconciler`'s own loop, fed by the :class:`~.queueing.ReconcileQueue`. Before any of that
-starts, :meth:`Runtime.rebuild` reconstructs the ledger from the API, so a restarted (or newly elected) operator
-never hands out a device the API shows as taken. With an election, workers run only while this replica holds the
-Lease (``leadership.py``).
+:class:`~.reconciler.GroupReconciler`'s own loop, fed by the :class:`~.queueing.ReconcileQueue`. Before any of
+that starts, :meth:`Runtime.rebuild` reconstructs the ledger from the API, so a restarted (or newly elected)
+operator never hands out a device the API shows as taken. With an election, workers run only while this replica
+holds the Lease (``leadership.py``).
 
 Each term (a start, or an election) begins with one list of nodes, groups and pods: the rebuild's. The watches of
-that term resume from those lists' resourceVersions, so an event that happens during the rebuild is delivered to the
-state the rebuild made, never to the one it replaces, and nothing is listed twice. A deposed replica stops its
-watches with its workers: a standby has no use for them. Writes pass a fence (``storage.Fence``): the Lease's
-(``Leadership.remaining``) or, for a single replica, one that is open while it runs.
+that term resume from those lists' resourceVersions; with ``--groups-through-kopf`` the groups, which Kopf watches
+for the whole process, are held from the rebuild's start and replayed from its list on (``groupfeed.py``). So an
+event that happens during the rebuild is delivered to the state the rebuild made, never to the one it replaces,
+and nothing is listed twice. A deposed replica stops its watches with its workers and closes the groups' gate: a
+standby acts on nothing. Writes pass a fence (``storage.Fence``): the Lease's (``Leadership.remaining``) or, for a
+single replica, one that is open while it runs.
 """
 
 from __future__ import annotations
@@ -90,7 +92,11 @@ class Runtime:
 
     async def _elected(self) -> None:
         await asyncio.sleep(self.ctx.config.election_settle)
-        await self.rebuild()
+        try:
+            await self.rebuild()
+        except Exception:
+            self.intake.groups.close()  # a failed take-over starts no term (leadership.py): keep no event meanwhile
+            raise
         self._start_scheduling()
 
     async def _deposed(self) -> None:
@@ -106,7 +112,8 @@ class Runtime:
 
     async def _stop_scheduling(self) -> None:
         """Cancel decisions in flight (the fence is closed already: none of them writes any more) and the
-        term's watches."""
+        term's watches; group events are neither applied nor kept from here on."""
+        self.intake.groups.close()
         workers, self._workers = self._workers, []
         await _cancel(workers)
         self.queue.clear()
@@ -130,6 +137,7 @@ class Runtime:
         """Replace all in-memory state with what the API shows now."""
         started = time.perf_counter()
         ctx = self.ctx
+        self.intake.groups.hold()  # until the term opens it: what groups do meanwhile is replayed onto our state
         # What follows makes ~10^5 objects that live on: the cyclic collector would walk the growing heap
         # over and over (a tenth of the rebuild); the one collection at the end, before freezing, suffices.
         with _collector_paused():
