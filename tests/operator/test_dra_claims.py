@@ -144,3 +144,15 @@ async def test_a_spec_changed_while_pending_replaces_the_unallocated_claim(kube:
 
     second = await kube.wait_for(replaced, "the claim replaced")
     assert second["spec"]["devices"]["requests"][0]["exactly"]["count"] == 1
+
+
+async def test_a_claim_the_api_refuses_is_reported_on_the_group(kube: Kube, cluster: Sandbox) -> None:
+    """The CRD cannot compile CEL; the API server does when the claim is created, and the group says why."""
+    await create_dra_group(kube, "typo", claim={"deviceClassName": "gpu.nvidia.com", "count": 1,
+                                                "selectors": ["device.attributes['gpu.nvidia.com'].productName ==="]})
+    group = await kube.wait_group(NS, "typo", lambda g: problem(g) is not None, "ClaimProblem")
+    condition = problem(group)
+    assert condition is not None and condition["reason"] == "ClaimRefused"
+    assert "spec.devices.requests[0].exactly.selectors[0].cel.expression" in condition["message"]
+    assert condition["message"].endswith("fix spec.claim")
+    assert cluster.get("resourceclaims", "typo-devices", NS) is None

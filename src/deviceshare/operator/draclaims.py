@@ -8,7 +8,8 @@ selector, with the share's capacity requests. Its ``status`` (allocation, reserv
 - **Ensure** (:meth:`GroupClaims.ensure`, for a live group): the claim is read; absent, it is created (a create
   that landed answers 409 the second time: the claim read back is ours); present and ours, our finalizer is put
   back if someone removed it. A claim of that name the group does not own is never adopted: the group says so in
-  its ``ClaimProblem`` condition. One left by an earlier group of the same name (gone: names are unique) is retired
+  its ``ClaimProblem`` condition, as does a claim the API server refuses (a CEL selector that does not compile).
+One left by an earlier group of the same name (gone: names are unique) is retired
   like our own at release, then ours is made. A spec changed while Pending (the CRD freezes it once Bound) replaces
   an unallocated claim (a claim's spec is immutable). Once a claim is known good for the group's generation, it is
   not read again until the spec changes.
@@ -153,7 +154,11 @@ class GroupClaims:
                     "longer as spec.claim asks) but is still allocated or held; this group's claim is made once it "
                     "is gone"))
         if claim is None:
-            claim = await self.ctx.api.create_claim(claim_body(group, spec))
+            try:
+                claim = await self.ctx.api.create_claim(claim_body(group, spec))
+            except storage.Invalid as e:  # e.g. a CEL selector the API server cannot compile: the user must fix it
+                return await self._problem(group, "ClaimRefused", f"the API server refused ResourceClaim "
+                                           f"{names.key_text(key)}: {e}; fix spec.claim")
             if group_owner(claim) != (group.name, group.uid):  # made by someone else just now
                 return await self._problem(group, "ClaimNotOwned", _not_owned(key, group.name))
             self.ctx.event(group, "ClaimCreated", f"created ResourceClaim {names.key_text(key)}")
