@@ -22,6 +22,7 @@ from .. import readback
 from .. import state as state_
 from ..readback import Seen
 from . import listing
+from .draclaims import ClaimWrites
 from .errors import READ_BACK_TRIES, Conflict, Gone, TooManyRequests, Uncertain
 from .eventwrites import EventWrites
 from .transport import (
@@ -39,9 +40,10 @@ from .transport import (
 logger = logging.getLogger(__name__)
 
 
-class ClusterApi(listing.Collections, EventWrites):
+class ClusterApi(listing.Collections, EventWrites, ClaimWrites):
     """Every read the operator makes outside its watches, and every write (lists of nodes, pods and groups: see
-    :class:`.listing.Collections`; Events: :class:`.eventwrites.EventWrites`)."""
+    :class:`.listing.Collections`; Events: :class:`.eventwrites.EventWrites`; a DRA group's ResourceClaim object:
+    :class:`.draclaims.ClaimWrites`)."""
 
     def node_reflector(self, sink: watching.Sink, *, resume_from: str | None = None) -> watching.Reflector:
         """A list+watch of every node, feeding ``sink`` (``resume_from``: see :class:`watching.Reflector`)."""
