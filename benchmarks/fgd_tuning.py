@@ -77,10 +77,11 @@ class _GapCountCluster(nodeclasses.Cluster):
 
     Sum-of-Squares (Csirik, Johnson, Kenyon, Orlin, Shor, Weber, "On the Sum-of-Squares algorithm for bin
     packing", J. ACM 2006), the online bin packing rule for discrete size distributions: with N(g) the
-    count of partly used GPUs with g milli free, a share of s goes on a GPU whose gap g makes
-    N(g - s) - N(g) least (a fresh GPU: N(1000 - s) + 1/2), i.e. it keeps every gap size as rare as the
-    arrivals let it; among the nodes with such a GPU (that fit CPU, model and memory), FGD's score on that
-    GPU, then the fixed node order. Every other pod, and every other policy: the replay's own decision.
+    count of partly used GPUs with g milli free, a share of s goes where the sum of N(g)^2 grows least:
+    half that growth is N(g - s) - N(g) + 1 on a GPU of gap g, 1/2 - N(g) when it fills the gap exactly,
+    N(1000 - s) + 1/2 on a fresh GPU; it keeps every gap size as rare as the arrivals let it. Among the
+    nodes with such a GPU (that fit CPU, model and memory): FGD's score on that GPU, then the fixed node
+    order. Every other pod, and every other policy: the replay's own decision.
     The rule needs the whole cluster's counts, so it cannot rate node states alone (nor the operator's
     classes): a screen of the idea, not a policy. Naive (every class per gap): ~50 s a replay.
     """
@@ -110,10 +111,12 @@ class _GapCountCluster(nodeclasses.Cluster):
         shape, counts = pod.shape, self.gaps
         milli = shape.gpu_milli
 
-        def growth(gap: int) -> float:
+        def growth(gap: int) -> float:  # half the change of the sum of squares of the counts
             if gap == MILLI:
                 return counts.get(MILLI - milli, 0) + 0.5
-            return (counts.get(gap - milli, 0) if gap > milli else 0) - counts[gap]
+            if gap == milli:
+                return 0.5 - counts[gap]
+            return counts.get(gap - milli, 0) - counts[gap] + 1
 
         gaps = sorted([g for g, n in counts.items() if n > 0 and g >= milli] + [MILLI], key=growth)
         for gap in gaps:
@@ -183,6 +186,10 @@ def main(argv: list[str] | None = None) -> int:
     pods = traces.parse_pods((DATA / f"openb_pod_list_{args.list}.csv").open(), args.list)
     first = fgd.TUNING_SEEDS[0]
     runs = simulate.simulate(nodes, pods, ["fgd", fgd.BEST, *names], args.seeds, 1.3, jobs=args.jobs, first=first)
+    for policy in ["fgd", fgd.BEST, *names]:
+        spreads = [experiment.spread(runs[policy], load) for load in (100, 130)]
+        print(f"{args.list} seeds {first}..{first + args.seeds - 1} {policy} allocated (min–max over the seeds): "
+              + " | ".join(f"{load}%: {s.min:.2f}–{s.max:.2f}" for load, s in zip((100, 130), spreads, strict=True)))
     for policy in [fgd.BEST, *names]:
         cells = []
         for load in (100, 130):

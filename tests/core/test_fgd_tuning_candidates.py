@@ -44,9 +44,13 @@ def test_gap_counts_place_every_share_on_a_gap_the_rule_ranks_first_and_keep_the
             milli = pod.shape.gpu_milli
 
             def growth(gap: int, counts: dict[int, int] = counts, milli: int = milli) -> float:
-                if gap == frag.MILLI:
-                    return counts.get(frag.MILLI - milli, 0) + 0.5
-                return (counts.get(gap - milli, 0) if gap > milli else 0) - counts[gap]
+                # the sum of squares of the gap counts once the share is on a GPU of this gap, less today's
+                after = dict(counts)
+                if gap < frag.MILLI:
+                    after[gap] -= 1
+                if gap > milli:
+                    after[gap - milli] = after.get(gap - milli, 0) + 1
+                return sum(n * n for n in after.values()) - sum(n * n for n in counts.values())
 
             assert growth(taken) == min(growth(g) for g in fitting)
         cluster.bind(pod, decision)
