@@ -44,7 +44,7 @@ class Preemptor:
         self.ctx = ctx
         self._protected: dict[state_.GroupKey, float] = {}
         self._by_node = victimindex.VictimIndex()
-        self._dirty: set[str] = set()
+        self._dirty = ledgers.ChangedNodes()  # filled by the ledger as nodes change, taken when asked
         self._ledger: ledgers.DeviceLedger | None = None
 
     async def post_filter(
@@ -159,11 +159,10 @@ class Preemptor:
         victims they could offer; refiled for the nodes that changed (their devices the index follows itself)."""
         ledger = self.ctx.ledger
         if ledger is not self._ledger:  # a rebuild: a new ledger, nothing known of it yet
-            self._ledger, self._by_node, self._dirty = ledger, victimindex.VictimIndex(), set()
-            ledger.subscribe(lambda name, state: self._dirty.add(name))
-        for name in self._dirty:
+            self._ledger, self._by_node, self._dirty = ledger, victimindex.VictimIndex(), ledgers.ChangedNodes()
+            ledger.subscribe(self._dirty)
+        for name in self._dirty.take():
             self._by_node.file(name, victims.NodeGroups.of(self._bound_on(ledger, name)))
-        self._dirty.clear()
         return self._by_node
 
     def _bound_on(self, ledger: ledgers.DeviceLedger, node: str) -> list[victims.BoundGroup]:

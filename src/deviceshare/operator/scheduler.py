@@ -123,10 +123,11 @@ class PodScheduler:
         group = await self._group(gkey)
         held = ctx.ledger.allocation(gkey)
         preempted = ctx.preempted.get(gkey)
+        limited = held is not None and group is not None and group.spec is not None and group.spec.max_members
         verdict = joining.verdict(
             gkey, group, containers=pod.containers, env_names=ctx.config.env_names,
             conflicting_with=ctx.conflicts.get(gkey, ()), allocation=held,
-            running_others=lambda: sum(p.key != pod.key for p in ctx.state.members_on_devices(gkey)),
+            running_others=sum(p.key != pod.key for p in ctx.state.members_on_devices(gkey)) if limited else 0,
             preempted_by=None if preempted is None else names.key_text(preempted.by),
         )
         if isinstance(verdict, joining.Refuse):

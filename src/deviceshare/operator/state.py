@@ -149,7 +149,7 @@ class ClusterState:
     def priority(self, group: GroupKey) -> int:
         """The group's priority: the highest ``spec.priority`` among its live member pods, 0 when none carries
         one (CONTRACT §8)."""
-        return priority_.group_priority(p.priority for p in self.members(group) if not p.terminated)
+        return priority_.group_priority([p.priority for p in self.members(group) if not p.terminated])
 
     def members_on_devices(self, group: GroupKey) -> list[PodRecord]:
         return [p for p in self.members(group) if p.on_devices]
