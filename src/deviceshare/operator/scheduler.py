@@ -25,9 +25,9 @@ cycle changes in the operator's own records (``state.py``, the ledger's commit a
 events) is noted on a :class:`~.cyclechanges.CycleChanges` and made so in one step: when the bind phase starts (the
 claim, and every pod about to be bound recorded as our member before its Binding is sent), before a post-filter,
 and when the cycle ends. So a cycle enters ``state.py`` three times for the first pod of a new group (one read,
-two applies), four for a gang (its members counted once more before anything is written), two or three for a
-later member; it entered it six to ten times before, and the core called back into the operator six to nine times
-(``docs/architecture.md``, "The path of one pod").
+two applies), four for a gang of two (its members counted once more before anything is written), two or three
+for a later member (as before); it entered it six and ten times for the first two before, and the core called back
+into the operator two to nine times a cycle (``docs/architecture.md``, "The path of one pod").
 
 The order of writes is what makes a crash at any step safe: devices reserved in the ledger, the claim persisted
 in the group's status conditional on its resourceVersion (from here on a restarted operator rebuilds it from the
@@ -162,7 +162,7 @@ class PodScheduler:
         view = ctx.state.view(gkey, pod.key)  # the members and priority the decision reads, after the last await
         permitted = self.placer.permit(pod, pre, group.spec, view)
         if isinstance(permitted, placing.NotPlaced):
-            return await self._post_filter(pod, group, group.spec, permitted, changes)
+            return await self._post_filter(pod, group, group.spec, permitted, view, changes)
         placed = await self.placer.reserve(pre.group, permitted, view, changes)  # no await since the permit
         return await self._bind(pod, group, placed.allocation, placed.members, changes, placed_now=True)
 
@@ -201,14 +201,15 @@ class PodScheduler:
 
     async def _post_filter(
         self, pod: state_.PodRecord, group: state_.GroupRecord, spec: models.GroupSpec, placed: placing.NotPlaced,
-        changes: CycleChanges,
+        view: state_.GroupView, changes: CycleChanges,
     ) -> Outcome:
         """Post-filter, when nothing fits: make room by preemption, if the group's priority and pods allow."""
         outcome = self._not_placed(group.key, placed, changes)
         if placed.unschedulable is None:  # a gang waiting for its members: nothing to make room for
             return outcome
         changes.apply()  # the preemptor reads the group as the API last answered
-        return Outcome(Result.UNSCHEDULABLE, await self.preemptor.post_filter(group, spec, pod, placed.message))
+        why = await self.preemptor.post_filter(group, spec, pod, placed.message, view, changes)
+        return Outcome(Result.UNSCHEDULABLE, why)
 
     async def _group(self, gkey: state_.GroupKey, changes: CycleChanges) -> state_.GroupRecord | None:
         group = self.ctx.state.groups.get(gkey)

@@ -102,6 +102,32 @@ async def test_a_cycle_never_climbs_from_the_core_back_into_the_operator(
     assert len(entries) == state_entries, entries
 
 
+async def test_the_post_filter_never_climbs_either() -> None:
+    """A higher-priority group that fits nowhere: preemption decides on the core's victim index and the
+    operator carries it out (nominate, evict); the core still calls nothing of the operator's."""
+    h = Harness(node("n1", 2))
+    h.scheduler.preemptor.groups_by_node()
+    h.see(h.api.add_group("low", resources={GPU: 2}))
+    h.see(h.api.add_pod("low-0", "low", priority=10))
+    assert (await h.scheduler.schedule(("ns", "low-0"))).result is Result.BOUND
+    h.see(h.api.pod_now(("ns", "low-0"), phase="Running"))
+    h.see(h.api.add_group("urgent", resources={GPU: 2}))
+    h.see(h.api.add_pod("urgent-0", "urgent", priority=1000))
+
+    outcome, climbs, entries = await _followed(lambda: h.scheduler.schedule(("ns", "urgent-0")))
+
+    assert outcome.result is Result.UNSCHEDULABLE and "preempting ns/low" in outcome.message
+    assert climbs == []
+    assert h.api.groups[("ns", "urgent")]["status"]["nominatedNodeName"] == "n1"
+    assert h.ctx.state.groups[("ns", "urgent")].status.nominated_node_name == "n1"  # the answer kept, once applied
+    # Beside the cycle's one read and two applies, only the preemptor reads: the victims' members and priorities.
+    assert [e for e in entries if not e.startswith("operator/preempting")] == [
+        "operator/scheduler -> state.view",
+        "operator/cyclechanges -> state.apply",
+        "operator/cyclechanges -> state.apply",
+    ]
+
+
 async def test_every_gang_member_is_ours_before_its_binding_is_sent_and_the_claim_is_committed() -> None:
     h = Harness(node("n1"))
     h.see(h.api.add_group("g", resources={GPU: 1}, minMembers=3))
