@@ -305,15 +305,37 @@ operator RSS under {TARGET_RSS_MIB:.0f} MiB — {_ok(r.rss[0] < TARGET_RSS_MIB)}
 """
 
 
-def placements(quick: bool, pairs: int, spy: Path | None = None) -> list[PlacementResult]:
+def placements(
+    quick: bool, pairs: int, spy: Path | None = None, against: str | None = None
+) -> list[PlacementResult]:
     """Today's and this operator alternately, ``pairs`` times each; py-spy on the last run of each (``spy``: a
-    folder for the folded stacks, ``today.folded`` and ``now.folded``)."""
+    folder for the folded stacks, ``today.folded`` and ``now.folded``). ``against``: "today" is that commit's
+    operator on this tree's workload (see :func:`placing.placement`)."""
     runs = []
     for i in range(pairs):
-        for mode in ("today", "now") if baseline.source() is not None else ("now",):
+        for mode in ("today", "now") if baseline.source(against or baseline.BASELINE) is not None else ("now",):
             last = i == pairs - 1 and spy is not None
-            runs.append(asyncio.run(placing.placement(quick, mode, spy / f"{mode}.folded" if last and spy else None)))
+            spied = spy / f"{mode}.folded" if last and spy else None
+            runs.append(asyncio.run(placing.placement(quick, mode, spied, against)))
     return runs
+
+
+def section_against(runs: list[PlacementResult], rev: str) -> str:
+    """The placement rows of ``rev``'s operator (before) and this tree's (after) on the same workload."""
+    before, after = ([r for r in runs if r.mode == mode] for mode in ("today", "now"))
+    rows = "\n".join(_placement_row(r) for r in runs)
+    rows = rows.replace("| today |", f"| {rev} |").replace("| now |", "| this tree |")
+    cpu = [statistics.median(r.cpu_per_pod_ms for r in rs) if rs else float("nan") for rs in (before, after)]
+    rate = [statistics.median(r.rate for r in rs) if rs else float("nan") for rs in (before, after)]
+    return f"""| operator | bound | create wall s | create→all bound s | pods bound/s | p50 s | p90 s | p99 s \
+| **operator CPU ms per bound pod** | operator CPU s (% of wall) | sandbox CPU s (% of wall) \
+| load generator CPU s | operator peak RSS MiB | events trail s | load avg |
+|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|
+{rows}
+
+Medians: operator CPU per bound pod {cpu[0]:.2f} ms ({rev}) and {cpu[1]:.2f} ms (this tree); \
+{rate[0]:.0f} and {rate[1]:.0f} pods bound/s.
+"""
 
 
 def profiled(runs: list[PlacementResult]) -> dict[str, Path]:
@@ -333,7 +355,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--placement", action="store_true", help="placements only (today's and ours)")
     parser.add_argument("--pairs", type=int, default=1, help="with --placement: runs of each")
     parser.add_argument("--spy", metavar="DIR", type=Path, help="where py-spy's folded stacks of the last runs go")
+    parser.add_argument("--against", metavar="REV", help="with --placement: that commit's operator beside this "
+                        "tree's, on this tree's workload (a change measured alone)")
     args = parser.parse_args(argv)
+    if args.placement and args.against:
+        print(section_against(placements(args.quick, args.pairs, args.spy, args.against), args.against))
+        return 0
     if args.placement:
         runs = placements(args.quick, args.pairs, args.spy)
         print(section_placement(runs, section_profile(profiled(runs))))

@@ -131,17 +131,22 @@ async def _get_json(url: str, headers: dict[str, str], path: str) -> Any:
         return await resp.json()
 
 
-async def placement(quick: bool, mode: str = "now", spy: Path | None = None) -> PlacementResult:
+async def placement(
+    quick: bool, mode: str = "now", spy: Path | None = None, against: str | None = None
+) -> PlacementResult:
     """One run; ``spy``: record the operator with py-spy (folded stacks) into that file during the burst, and the
-    sandbox into the same name with the suffix ``.sandbox``."""
+    sandbox into the same name with the suffix ``.sandbox``. ``against`` (with mode "today"): the operator of that
+    commit instead of :data:`baseline.BASELINE`, on this tree's workload and CRDs (groups with the finalizer), so
+    a change is measured alone."""
     s = sizes(quick)
     want = s.groups * s.pods_per_group
     load_before = os.getloadavg()[0]
-    src = baseline.source() if mode == "today" else None
+    today = mode == "today" and against is None  # today's operator on today's workload and CRDs
+    src = baseline.source(against or baseline.BASELINE) if mode == "today" else None
     with tempfile.TemporaryDirectory(prefix="bench-operator-") as tmp:
         kubeconfig = Path(tmp) / "kubeconfig"
         # Today's operator on today's CRD (a newer schema defaults fields its models refuse).
-        sandbox = sandbox_child(s, False, kubeconfig, crds=baseline.crds() if mode == "today" else None)
+        sandbox = sandbox_child(s, False, kubeconfig, crds=baseline.crds() if today else None)
         sandbox_proc = sandbox.start(120)
         operator = baseline.OperatorProcess(kubeconfig, src=src)
         try:
@@ -163,7 +168,7 @@ async def placement(quick: bool, mode: str = "now", spy: Path | None = None) -> 
                 watcher = asyncio.get_running_loop().create_task(_watch_bound(c, url, rv, bound_at, want, done))
                 await asyncio.sleep(0.2)
                 t0 = time.perf_counter()
-                await _create_all(c, url, s, created_at, finalizer=mode != "today")
+                await _create_all(c, url, s, created_at, finalizer=not today)
                 create_wall = time.perf_counter() - t0
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(done.wait(), 60 if quick else 300)

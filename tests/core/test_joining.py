@@ -114,7 +114,7 @@ def test_joining_rules(
 ) -> None:
     got = joining.verdict(
         KEY, group, containers=pod, env_names=ENV, conflicting_with=conflicting, allocation=allocation,
-        running_others=lambda: running,
+        running_others=running,
     )
     assert got == expected
 
@@ -140,24 +140,22 @@ def test_a_preempted_group_takes_no_new_member_until_it_is_released(
     group: G, allocation: claims.Allocation | None, expected: joining.Verdict
 ) -> None:
     got = joining.verdict(KEY, group, containers=PLAIN, env_names=ENV, conflicting_with=(), allocation=allocation,
-                          running_others=lambda: 0, preempted_by="ml/urgent")
+                          running_others=0, preempted_by="ml/urgent")
     assert got == expected
 
 
-def test_running_members_are_counted_only_for_a_group_with_a_limit() -> None:
-    """Counting walks the group's members: a group with no maxMembers (most of them) never pays for it."""
-    def count() -> int:
-        raise AssertionError("counted although the group has no maxMembers")
-
+def test_running_members_matter_only_for_a_group_with_a_limit() -> None:
+    """Without a maxMembers the count is never read: the scheduler counts (a walk of the members) only for a
+    group that has one, and passes 0 for the others (most of them)."""
     got = joining.verdict(KEY, G(), containers=PLAIN, env_names=ENV, conflicting_with=(), allocation=HELD,
-                          running_others=count)
+                          running_others=10**6)
     assert got == joining.Join(places_group=False)
 
 
 def test_the_conflict_names_every_rival_sorted() -> None:
     got = joining.verdict(KEY, G(), containers=PLAIN, env_names=ENV,
                           conflicting_with={("ns2", "b"), ("ml", "z"), ("ml", "a")}, allocation=HELD,
-                          running_others=lambda: 0)
+                          running_others=0)
     assert isinstance(got, joining.Refuse)
     assert "also claimed by ml/a, ml/z, ns2/b;" in got.message
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Collection, Sequence
 from typing import Protocol
 
 from deviceshare.api import envnames, models, names
@@ -102,15 +102,16 @@ def verdict(
     env_names: envnames.EnvNames,
     conflicting_with: Collection[GroupKey],
     allocation: claims.Allocation | None,
-    running_others: Callable[[], int],
+    running_others: int,
     preempted_by: str | None = None,
 ) -> Verdict:
     """May a pod with ``containers`` join group ``key`` now? The first rule that applies decides.
 
     ``conflicting_with``: the other groups that claim some of this group's devices; ``allocation``: what
-    the ledger holds for the group; ``running_others``: how many other members run on its devices (only
-    asked when the group has a ``maxMembers``); ``preempted_by``: who evicts the group's members (CONTRACT §8)
-    — a new member waits for the release instead of joining the node being emptied."""
+    the ledger holds for the group; ``running_others``: how many other members run on its devices (read only
+    when the group has a ``maxMembers``: a caller counts only for such a group, 0 for any other);
+    ``preempted_by``: who evicts the group's members (CONTRACT §8) — a new member waits for the release
+    instead of joining the node being emptied. A value each, no callback: the core never calls the operator."""
     namespace, name = key
     if group is None:
         return Refuse(Rule.MISSING, f'SharedDeviceGroup "{name}" not found in namespace "{namespace}"')
@@ -143,7 +144,7 @@ def verdict(
     if allocation.state is not claims.AllocationState.COMMITTED:
         return Wait(Rule.IN_FLIGHT, "group placement in flight", IN_FLIGHT_RETRY_S)
     limit = spec.max_members
-    if limit and (running := running_others()) >= limit:
+    if limit and (running := running_others) >= limit:
         return Refuse(
             Rule.FULL,
             f'SharedDeviceGroup "{name}" already has {running} running member(s), its maxMembers is {limit}',

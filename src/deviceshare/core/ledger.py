@@ -31,6 +31,7 @@ RebuildReport = claims.RebuildReport
 NodeState = snapshots.NodeState
 LedgerSnapshot = snapshots.LedgerSnapshot
 NodeStates = snapshots.NodeStates
+ChangedNodes = snapshots.ChangedNodes
 _SHARDS = snapshots.SHARDS
 AllocationState = claims.AllocationState
 Allocation = claims.Allocation

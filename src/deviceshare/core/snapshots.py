@@ -177,6 +177,20 @@ class Follower:
         return out
 
 
+class ChangedNodes(set[str]):
+    """The names of the ledger's nodes changed since the last :meth:`take`: a subscriber
+    (``ledger.subscribe(changed)``) whose calls stay in the core, for a reader outside it that catches up
+    when it looks (preemption's victim index, the node metrics) instead of being called on every change."""
+
+    def __call__(self, name: str, state: NodeState | None) -> None:
+        self.add(name)
+
+    def take(self) -> set[str]:
+        taken = set(self)
+        self.clear()
+        return taken
+
+
 def bucket_remove(buckets: dict[int, tuple[Any, ...]], key: int, item: Any) -> None:
     """Take ``item`` out of the sorted bucket ``key`` (a new tuple: snapshots hold the old one)."""
     bucket = buckets[key]

@@ -20,10 +20,11 @@ from typing import TYPE_CHECKING
 from prometheus_client.utils import floatToGoString
 
 from deviceshare.core import capacity
+from deviceshare.core.snapshots import ChangedNodes
 
 if TYPE_CHECKING:
     from deviceshare.core.inventory import NodeInfo
-    from deviceshare.core.ledger import DeviceLedger, NodeState
+    from deviceshare.core.ledger import DeviceLedger
 
 FREE, ALLOCATED, COMPUTE, MEMORY, MEMORY_CAP, TILES, UNHEALTHY = range(7)
 FAMILIES = (  # (name, help), in the order above
@@ -51,24 +52,21 @@ class NodeGauges:
     def __init__(self, active: Callable[[], bool] = lambda: True) -> None:
         self.ledger: DeviceLedger | None = None
         self.active = active  # False on a standby: its ledger is as old as its last term as leader
-        self._changed: set[str] = set()
+        self._changed = ChangedNodes()  # filled by the ledger as nodes change, taken when rendered
         self._lines: dict[str, tuple[str, ...]] = {}  # node -> its text per family
         self._order: list[str] | None = []  # node names sorted; None when a node came or went
 
     def bind(self, ledger: DeviceLedger) -> None:
         if ledger is self.ledger:
             return
-        self.ledger, self._changed, self._lines, self._order = ledger, set(), {}, None
-        ledger.subscribe(self._node_changed)
-
-    def _node_changed(self, name: str, state: NodeState | None) -> None:
-        self._changed.add(name)
+        self.ledger, self._changed, self._lines, self._order = ledger, ChangedNodes(), {}, None
+        ledger.subscribe(self._changed)
 
     def text(self) -> str:
         ledger = self.ledger
         if ledger is None or not self.active():
             return "".join(_HEADERS)
-        changed, self._changed = self._changed, set()
+        changed = self._changed.take()
         for name in changed:
             info = ledger.node(name)
             if info is None:

@@ -1,19 +1,22 @@
 """Placing a group that holds nothing yet: the phases from pre-filter to reserve, for the pod that places it.
 
-- **pre-filter**: the namespace's device budget (``quotas``), and our finalizer on the group (so a deletion from
-  here on waits for the release);
-- **filter, score, permit**: one pure call, :func:`deviceshare.core.gang.permit`, on the ledger's snapshot as this
-  group sees it (devices kept for a nominated preemptor of equal or higher priority withheld,
-  :func:`deviceshare.core.nominations.overlay`). It runs the placement engine (filters with reasons,
-  binpack/spread/fgd) for the group's members together: without a gang that is the placing pod alone; a gang
-  (``minMembers: N``) waits until N member pods exist (``WaitingForMembers``) and needs a node with room for all
-  N (CONTRACT §8). Nothing is held before this says start;
-- **reserve**: the decision reserved in the ledger (no await between the quota read and the reservation, so
-  another group of the namespace cannot slip in between), then persisted in the group's status, conditional on
-  its resourceVersion; a status write whose outcome stays unknown keeps the reservation (``settling.py``).
+Each phase is one method of :class:`GroupPlacer`, called in order by the scheduler (``scheduler.py``):
 
-What is left to do (bind every member the permit named, or the post-filter when nothing fits) is the
-scheduler's; this module only decides, reserves and records.
+- :meth:`~GroupPlacer.pre_filter`: a gang short of members stops here (``WaitingForMembers``: nothing written,
+  nothing held); the namespace's device quotas are read, and our finalizer put on the group (so a deletion from
+  here on waits for the release) if the webhook did not;
+- :meth:`~GroupPlacer.permit`: **filter, score, permit** in one pure call, :func:`deviceshare.core.gang.permit`,
+  on the ledger's snapshot as this group sees it (devices kept for a nominated preemptor of equal or higher
+  priority withheld, :func:`deviceshare.core.nominations.overlay`), after the quota check. It runs the placement
+  engine (filters with reasons, binpack/spread/fgd) for the group's members together: without a gang that is the
+  placing pod alone; a gang (``minMembers: N``) needs a node with room for all N (CONTRACT §8). A decision only;
+- :meth:`~GroupPlacer.reserve`: the decision reserved in the ledger (the scheduler awaits nothing between the
+  quota check and the reservation, so another group of the namespace cannot slip in between), then persisted in
+  the group's status, conditional on its resourceVersion; a status write whose outcome stays unknown keeps the
+  reservation (``settling.py``). Another kind of claim reserved for the group would sit beside it here.
+
+What the API answered and what follows from it for the operator's records is noted on the cycle's
+:class:`~.cyclechanges.CycleChanges`, not done here. Bind (or the post-filter when nothing fits) is the scheduler's.
 """
 
 from __future__ import annotations
@@ -23,13 +26,14 @@ import time
 
 from deviceshare.api import models, names
 from deviceshare.core import budget as budget_
-from deviceshare.core import gang, nominations, placement
+from deviceshare.core import gang, inventory, nominations, placement
 from deviceshare.core import ledger as ledgers
 from deviceshare.core import members as member_rules
 
 from . import quotas, statuses, storage
 from . import state as state_
 from .context import Context
+from .cyclechanges import CycleChanges
 
 # What a status write raises when it was certainly not applied (storage.errors): the API refused it (409, 404,
 # 400/403/422, a 429, another 4xx) or it never left (Fenced; a RetryLater for a connection never made). An
@@ -55,56 +59,108 @@ class NotPlaced:
     retry: bool = False
 
 
+@dataclasses.dataclass(frozen=True)
+class PreFiltered:
+    """Past the pre-filter: ``group`` as it now carries our finalizer, and its namespace's device ``budget``."""
+
+    group: state_.GroupRecord
+    budget: list[budget_.Quota]
+
+
+@dataclasses.dataclass(frozen=True)
+class Permitted:
+    """The permit's answer: reserve ``start.placement`` for the group and bind ``start.members``."""
+
+    start: gang.Start
+    request: placement.GroupRequest
+    together: inventory.PodDemand  # what the gang's first N members ask together (fgd learns from it)
+
+
 class GroupPlacer:
     def __init__(self, ctx: Context, quota_cache: quotas.QuotaCache) -> None:
         self.ctx = ctx
         self.quotas = quota_cache
 
-    async def place(
-        self, pod: state_.PodRecord, group: state_.GroupRecord, spec: models.GroupSpec
-    ) -> Placed | NotPlaced:
-        ctx = self.ctx
-        short = gang.waiting(spec.min_members, len(self.members(pod, group.key, spec)))
-        if short is not None:  # a gang short of members: nothing is written, nothing held
-            ctx.unschedulable[group.key] = short.message()
-            return NotPlaced(short.message())
-        budget = await quotas.read(self.quotas, ctx.api, group.key[0])  # checked after the last await
-        marked = await self._ensure_finalizer(group, spec)
+    async def pre_filter(
+        self, pod: state_.PodRecord, group: state_.GroupRecord, spec: models.GroupSpec, changes: CycleChanges
+    ) -> PreFiltered | NotPlaced:
+        """A gang short of members stops here (nothing written, nothing held); then the namespace's quotas are
+        read (checked in :meth:`permit`, after the last await) and our finalizer put on the group."""
+        if spec.min_members > 1:  # only a gang counts its members before anything is written
+            live = self.ctx.state.view(group.key, pod.key).live
+            short = gang.waiting(spec.min_members, len(self.members(pod, spec, live)))
+            if short is not None:
+                return NotPlaced(short.message())
+        budget = await quotas.read(self.quotas, self.ctx.api, group.key[0])
+        marked = await self._ensure_finalizer(group, spec, changes)
         if marked is None:
             return NotPlaced("the group changed while its finalizer was added", retry=True)
-        # No await from here to the reservation: another group of the namespace cannot slip in between.
-        decided = self._decide(pod, marked, spec, budget)
-        if isinstance(decided, NotPlaced):
-            ctx.unschedulable[group.key] = decided.message
-            return decided
-        allocation, start = decided
+        return PreFiltered(marked, budget)
+
+    def permit(
+        self, pod: state_.PodRecord, pre: PreFiltered, spec: models.GroupSpec, view: state_.GroupView
+    ) -> Permitted | NotPlaced:
+        """Quota, then filter + score + permit in one core call (``gang.permit``) on the ledger's snapshot as this
+        group sees it: a decision, nothing held. ``view``: the group's members, read after the last await."""
+        ctx, group = self.ctx, pre.group
+        over = quotas.refusal(ctx.ledger, group.key, dict(spec.resources), pre.budget)
+        if over is not None:
+            return NotPlaced(over)
+        request = placement.GroupRequest.from_spec(group.key, spec, mps=ctx.config.mps)
+        members = self.members(pod, spec, view.live)
+        live = ctx.nominations.live(time.monotonic())
+        snapshot = nominations.overlay(ctx.ledger.snapshot(), live, view.priority, group.key)
+        together = gang.demand([m.demand for m in members[: gang.needed(spec.min_members)]])
+        policy = ctx.fgd.for_pod(together) if spec.scheduling_strategy == "fgd" else None
+        verdict = gang.permit(snapshot, request, spec.min_members, members, policy)
+        if isinstance(verdict, gang.WaitingForMembers):
+            return NotPlaced(verdict.message())
+        if isinstance(verdict, placement.Unschedulable):
+            return NotPlaced(gang.describe(verdict, spec.min_members), unschedulable=verdict)
+        return Permitted(verdict, request, together)
+
+    async def reserve(
+        self, group: state_.GroupRecord, permitted: Permitted, view: state_.GroupView, changes: CycleChanges
+    ) -> Placed:
+        """Reserve: the devices held in the ledger before anything is awaited (so nothing else is decided between
+        the permit and this), then the claim persisted in the group's status, conditional on its resourceVersion.
+
+        A write certainly not applied releases the reservation (and raises); one whose outcome stays unknown
+        keeps it, the group unsettled until a read-back tells (``settling.py``). Never a guess that it is not."""
+        ctx, chosen = self.ctx, permitted.start.placement
+        request = permitted.request
+        allocation = ctx.ledger.reserve(group.key, chosen.node, chosen.devices, request.share, chosen.tiles)
+        ctx.fgd.observe(request, permitted.together.cpu_milli)  # every group placed shapes fgd's target workload
+        # Pending members count too (statuses.listed_members): the status is then already right once they are
+        # bound, and no second write follows the placement's.
+        members = [p.name for p in statuses.listed_members(view.live, group.spec, ctx.config.env_names)]
         try:
-            persisted = await self._persist(marked, allocation, members := self._member_names(marked))
+            persisted = await self._persist(group, allocation, members, changes)
         except NOT_APPLIED as e:
             if isinstance(e, storage.Uncertain):  # a RetryLater, but one whose write may have landed
-                ctx.unsettled.add(marked, statuses.bound(marked, allocation, members))
+                ctx.unsettled.add(group, statuses.bound(group, allocation, members))
                 raise
-            ctx.ledger.release(group.key)  # refused, conflicted, gone or not sent: the API does not show the claim
+            changes.released(group.key)  # refused, conflicted, gone or not sent: the API does not show the claim
             raise
         except Exception:
-            # Uncertain, or an error nobody foresaw (an answer that could not be read...): the claim may be in the
-            # API, so the devices stay reserved until a read-back tells (settling.py). Never a guess that it is not.
-            ctx.unsettled.add(marked, statuses.bound(marked, allocation, members))
+            # An error nobody foresaw (an answer that could not be read...): the claim may be in the API, so the
+            # devices stay reserved until a read-back tells (settling.py).
+            ctx.unsettled.add(group, statuses.bound(group, allocation, members))
             raise
-        allocation = ctx.ledger.commit(group.key)
-        ctx.state.keep(persisted)
-        ctx.unschedulable.pop(group.key, None)
-        ctx.nominations = ctx.nominations.clear(group.key)
-        return Placed(allocation, start.members)
+        changes.seen(persisted)
+        changes.placed(group.key)
+        return Placed(allocation, permitted.start.members)
 
-    def members(self, pod: state_.PodRecord, key: state_.GroupKey, spec: models.GroupSpec) -> list[gang.Member]:
+    def members(
+        self, pod: state_.PodRecord, spec: models.GroupSpec, live: tuple[state_.PodRecord, ...]
+    ) -> list[gang.Member]:
         """The pods a placement considers, the placing pod first: alone without a gang; with one, every pending
-        member we may schedule that passes the webhook's member rules, oldest first."""
+        member of ``live`` we may schedule that passes the webhook's member rules, oldest first."""
         if spec.min_members <= 1:
             return [gang.Member(pod.key, pod.demand)]
         env = member_rules.visibility_env(spec.resources, self.ctx.config.env_names)
         others = sorted(
-            (p for p in self.ctx.state.live_members(key)
+            (p for p in live
              if p.key != pod.key and self._pending(p)
              and next(member_rules.conflicts(p.containers, spec.resources, env), None) is None),
             key=lambda p: (p.created, p.key),
@@ -115,38 +171,14 @@ class GroupPlacer:
         return (pod.scheduler_name == self.ctx.config.scheduler_name and not pod.node_name
                 and not pod.deleting and not pod.terminated)
 
-    def _decide(
-        self, pod: state_.PodRecord, group: state_.GroupRecord, spec: models.GroupSpec, budget: list[budget_.Quota]
-    ) -> tuple[ledgers.Allocation, gang.Start] | NotPlaced:
-        """Quota, then filter + score + permit in one core call, reserved in the ledger; or why not."""
-        ctx = self.ctx
-        over = quotas.refusal(ctx.ledger, group.key, dict(spec.resources), budget)
-        if over is not None:
-            return NotPlaced(over)
-        request = placement.GroupRequest.from_spec(group.key, spec, mps=ctx.config.mps)
-        members = self.members(pod, group.key, spec)
-        live = ctx.nominations.live(time.monotonic())
-        snapshot = nominations.overlay(ctx.ledger.snapshot(), live, ctx.state.priority(group.key), group.key)
-        together = gang.demand([m.demand for m in members[: gang.needed(spec.min_members)]])
-        policy = ctx.fgd.for_pod(together) if spec.scheduling_strategy == "fgd" else None
-        verdict = gang.permit(snapshot, request, spec.min_members, members, policy)
-        if isinstance(verdict, gang.WaitingForMembers):
-            return NotPlaced(verdict.message())
-        if isinstance(verdict, placement.Unschedulable):
-            return NotPlaced(gang.describe(verdict, spec.min_members), unschedulable=verdict)
-        chosen = verdict.placement
-        allocation = ctx.ledger.reserve(group.key, chosen.node, chosen.devices, request.share, chosen.tiles)
-        ctx.fgd.observe(request, together.cpu_milli)  # every group placed shapes fgd's target workload
-        return allocation, verdict
-
     async def _ensure_finalizer(
-        self, group: state_.GroupRecord, spec: models.GroupSpec
+        self, group: state_.GroupRecord, spec: models.GroupSpec, changes: CycleChanges
     ) -> state_.GroupRecord | None:
         """Before the group claims anything: a deletion from here on waits for us (Releasing), even one that
         comes before the reconciler would have got round to adding the finalizer. None: the group changed."""
         if names.GROUP_FINALIZER in group.finalizers:
             return group
-        marked = self.ctx.state.keep(await self.ctx.api.set_group_finalizers(
+        marked = changes.seen(await self.ctx.api.set_group_finalizers(
             group.key, [*group.finalizers, names.GROUP_FINALIZER], uid=group.uid,
             resource_version=group.resource_version,
         ))
@@ -154,13 +186,8 @@ class GroupPlacer:
             return None
         return dataclasses.replace(group, resource_version=marked.resource_version, finalizers=marked.finalizers)
 
-    def _member_names(self, group: state_.GroupRecord) -> list[str]:
-        # Pending members count too (statuses.member_names): the status is then already right once they
-        # are bound, and no second write follows the placement's.
-        return statuses.member_names(self.ctx.state, group, self.ctx.config.env_names)
-
     async def _persist(
-        self, group: state_.GroupRecord, allocation: ledgers.Allocation, members: list[str]
+        self, group: state_.GroupRecord, allocation: ledgers.Allocation, members: list[str], changes: CycleChanges
     ) -> state_.GroupRecord:
         """Write the allocation into the group's status, conditional on what we last saw of the group."""
         current = group
@@ -175,5 +202,5 @@ class GroupPlacer:
                 current = await self.ctx.api.read_group(group.key)
                 if current.uid != group.uid or current.deleting or current.spec != group.spec:
                     raise
-                self.ctx.state.keep(current)
+                changes.seen(current)
         raise storage.Conflict(f"status of shareddevicegroup {names.key_text(group.key)} kept changing")

@@ -33,6 +33,7 @@ from deviceshare.core import priority as priority_
 from . import state as state_
 from . import statuses, storage
 from .context import Context
+from .cyclechanges import CycleChanges
 
 logger = logging.getLogger(__name__)
 
@@ -44,24 +45,26 @@ class Preemptor:
         self.ctx = ctx
         self._protected: dict[state_.GroupKey, float] = {}
         self._by_node = victimindex.VictimIndex()
-        self._dirty: set[str] = set()
+        self._dirty = ledgers.ChangedNodes()  # filled by the ledger as nodes change, taken when asked
         self._ledger: ledgers.DeviceLedger | None = None
 
     async def post_filter(
-        self, group: state_.GroupRecord, spec: models.GroupSpec, pod: state_.PodRecord, why: str
+        self, group: state_.GroupRecord, spec: models.GroupSpec, pod: state_.PodRecord, why: str,
+        view: state_.GroupView, changes: CycleChanges,
     ) -> str:
         """Make room for ``group`` (which fits nowhere, ``why``), if its priority and its pods allow; returns
-        what the pod and the group show."""
+        what the pod and the group show. ``view``: the group's members as the failed permit read them; what the
+        API answers about the group is noted on the cycle's ``changes``."""
         ctx, now = self.ctx, time.monotonic()
         live = ctx.nominations = ctx.nominations.live(now)
         held = live.by_group.get(group.key)
         if held is not None:  # a preemption for it is under way: wait for its victims to leave
             leaving = sorted(k for k, p in ctx.preempted.items() if p.by == group.key)
             return f"{why} Preempting on node {held.node}: waiting for {_names(leaving) or 'the room'} to be freed."
-        pending = [p for p in ctx.state.live_members(group.key) if not p.node_name and not p.deleting]
-        if not priority_.may_preempt(p.priority for p in pending):
+        pending = [p for p in view.live if not p.node_name and not p.deleting]
+        if not priority_.may_preempt([p.priority for p in pending]):
             return f"{why} preemption: {preemption.NEVER}."
-        priority = ctx.state.priority(group.key)
+        priority = view.priority
         by_node = self.groups_by_node()
         if not any(g.priorities and g.priorities[0] < priority for g in by_node.values()):
             return why  # no group of lower priority anywhere: nothing to preempt, nothing to add
@@ -78,11 +81,11 @@ class Preemptor:
         if changed:  # a victim's priority rose since its node was filed (a new member): decide again later
             self._dirty.add(decision.node)
             return f"{why} preemption: the priority of {_names(changed)} changed; deciding again."
-        return await self._carry_out(group, priority, decision, demands, why, now)
+        return await self._carry_out(group, priority, decision, demands, why, now, changes)
 
     async def _carry_out(
         self, group: state_.GroupRecord, priority: int, decision: preemption.Preemption,
-        demands: list[inventory.PodDemand], why: str, now: float,
+        demands: list[inventory.PodDemand], why: str, now: float, changes: CycleChanges,
     ) -> str:
         ctx = self.ctx
         victim_names = _names(decision.victim_keys)
@@ -95,7 +98,7 @@ class Preemptor:
             cpu_milli=sum(d.cpu_milli for d in demands),
             memory_bytes=sum(d.memory_bytes for d in demands),
         ))
-        await self._nominate(group.key, decision.node, f"{why} {told}")
+        await self._nominate(group.key, decision.node, f"{why} {told}", changes)
         ctx.event(group, "Preempting", f"{told} to make room for this group (priority {priority})")
         result = "evicted"
         for victim in decision.victims:
@@ -113,13 +116,13 @@ class Preemptor:
         ctx.metrics.preemption_victims.inc(len(decision.victims))
         return f"{why} {told}."
 
-    async def _nominate(self, key: state_.GroupKey, node: str, message: str) -> None:
+    async def _nominate(self, key: state_.GroupKey, node: str, message: str, changes: CycleChanges) -> None:
         """``status.nominatedNodeName`` and ``Scheduled=False/Preempting``, conditional on what we hold."""
         group = self.ctx.state.groups.get(key)
         if group is None:
             return
         try:
-            self.ctx.state.keep(await self.ctx.api.patch_group_status(
+            changes.seen(await self.ctx.api.patch_group_status(
                 group.key, statuses.nominated(group, node, message), uid=group.uid,
                 resource_version=group.resource_version,
             ))
@@ -159,11 +162,10 @@ class Preemptor:
         victims they could offer; refiled for the nodes that changed (their devices the index follows itself)."""
         ledger = self.ctx.ledger
         if ledger is not self._ledger:  # a rebuild: a new ledger, nothing known of it yet
-            self._ledger, self._by_node, self._dirty = ledger, victimindex.VictimIndex(), set()
-            ledger.subscribe(lambda name, state: self._dirty.add(name))
-        for name in self._dirty:
+            self._ledger, self._by_node, self._dirty = ledger, victimindex.VictimIndex(), ledgers.ChangedNodes()
+            ledger.subscribe(self._dirty)
+        for name in self._dirty.take():
             self._by_node.file(name, victims.NodeGroups.of(self._bound_on(ledger, name)))
-        self._dirty.clear()
         return self._by_node
 
     def _bound_on(self, ledger: ledgers.DeviceLedger, node: str) -> list[victims.BoundGroup]:

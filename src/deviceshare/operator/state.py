@@ -1,5 +1,8 @@
 """What the operator knows about pods and groups, distilled from watch events: their records (``records.py``)
 by key, and which pods are members of which group. Nodes live in the core's DeviceLedger, not here.
+
+A scheduling cycle reads a group here once per decision (:meth:`ClusterState.view`) and hands back what it
+changed in one :class:`Changes` (:meth:`ClusterState.apply`), through ``cyclechanges.py``.
 """
 
 from __future__ import annotations
@@ -25,9 +28,11 @@ from .records import (
 
 __all__ = [
     "TERMINAL_PHASES",
+    "Changes",
     "ClusterState",
     "GroupKey",
     "GroupRecord",
+    "GroupView",
     "PodKey",
     "PodRecord",
     "group_record",
@@ -35,6 +40,29 @@ __all__ = [
     "parse_selected_devices",
     "pod_record",
 ]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class GroupView:
+    """A group's members as one scheduling decision reads them (:meth:`ClusterState.view`), in one walk."""
+
+    live: tuple[PodRecord, ...]  # member pods not finished, pending ones included, by key
+    priority: int  # the group's priority (CONTRACT §8): the highest among ``live``
+    running_others: int  # members on devices other than the pod the cycle schedules
+
+
+@dataclasses.dataclass(slots=True)
+class Changes:
+    """What one scheduling cycle changed in these records, applied at once by :meth:`ClusterState.apply`, in
+    this order: the API's answers about groups (``seen``), groups found gone, bindings about to be sent
+    (``ahead``: pod, uid, group name), pods bound (``bound``: pod, node, annotations, group name), and bindings
+    that certainly did not land (``forgotten``: pod, uid)."""
+
+    seen: list[GroupRecord] = dataclasses.field(default_factory=list)
+    gone: list[GroupKey] = dataclasses.field(default_factory=list)
+    ahead: list[tuple[PodKey, str, str]] = dataclasses.field(default_factory=list)
+    bound: list[tuple[PodRecord, str, Mapping[str, str], str]] = dataclasses.field(default_factory=list)
+    forgotten: list[tuple[PodKey, str]] = dataclasses.field(default_factory=list)
 
 
 class ClusterState:
@@ -55,6 +83,27 @@ class ClusterState:
         self._members: dict[GroupKey, set[PodKey]] = {}
         self._assumed: dict[PodKey, PodRecord] = {}  # what we wrote, until a watch event shows the binding
         self._bound: dict[PodKey, tuple[str, str]] = {}  # pod -> (uid, group name) we bound it into
+
+    def view(self, group: GroupKey, pod: PodKey) -> GroupView:
+        """``group``'s members as a scheduling decision about ``pod`` reads them: one walk of the members."""
+        members = list(self.members(group))
+        live = tuple(p for p in members if not p.terminated)
+        running = sum(1 for p in members if p.on_devices and p.key != pod)
+        return GroupView(live, priority_.group_priority([p.priority for p in live]), running)
+
+    def apply(self, changes: Changes) -> None:
+        """Make one cycle's ``changes`` so (see :class:`Changes` for the order), and empty them."""
+        for group in changes.seen:
+            self.upsert_group(group)
+        for key in changes.gone:
+            self.groups.pop(key, None)
+        for pod_key, uid, name in changes.ahead:
+            self.record_binding(pod_key, uid, name)
+        for pod, node, written, name in changes.bound:
+            self.assume(pod, node, written, name)
+        for pod_key, uid in changes.forgotten:
+            self.forget_binding(pod_key, uid)
+        changes.seen, changes.gone, changes.ahead, changes.bound, changes.forgotten = [], [], [], [], []
 
     def record_binding(self, key: PodKey, uid: str, group: str) -> None:
         """``key`` (with ``uid``) is a member of ``group`` in its namespace: we bound it there."""
@@ -149,7 +198,7 @@ class ClusterState:
     def priority(self, group: GroupKey) -> int:
         """The group's priority: the highest ``spec.priority`` among its live member pods, 0 when none carries
         one (CONTRACT §8)."""
-        return priority_.group_priority(p.priority for p in self.members(group) if not p.terminated)
+        return priority_.group_priority([p.priority for p in self.members(group) if not p.terminated])
 
     def members_on_devices(self, group: GroupKey) -> list[PodRecord]:
         return [p for p in self.members(group) if p.on_devices]
