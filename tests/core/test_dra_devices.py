@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 from tests.core import builders
 
-from deviceshare.core import eligibility, inventory, placement
+from deviceshare.core import drareasons, eligibility, inventory, placement
 from deviceshare.core import ledger as ledgers
 
 CLASS = "gpu.nvidia.com"
@@ -60,3 +60,23 @@ def test_selectors_narrow_the_devices_a_group_may_take() -> None:
     assert isinstance(none, placement.Unschedulable)
     assert none.message() == f"0/2 nodes are available: 2 insufficient {CLASS}."
     assert ledger.free_devices("a", CLASS) == tuple(f"a/gpu-{i}" for i in range(4))  # the ledger is untouched
+
+
+def test_why_nothing_fits_is_said_in_dra_terms() -> None:
+    ledger = ledgers.DeviceLedger()
+    ledger.upsert_node(dra_node("taken", withheld=("gpu-0", "gpu-1", "gpu-2")))
+    ledger.upsert_node(dra_node("full"))
+    ledger.reserve(("ml", "other"), "full", {CLASS: [f"full/gpu-{i}" for i in range(3)]})
+    ledger.upsert_node(builders.node("plugin-only", gpus=4))
+    ledger.upsert_node(dra_node("unmatched"))
+    snapshot = ledger.snapshot()
+    allowed = frozenset(f"{n}/gpu-{i}" for n in ("taken", "full") for i in range(4))
+    narrowed = eligibility.restrict(snapshot, CLASS, allowed)
+    said = placement.place_on(narrowed, request(2), inventory.PodDemand())
+    assert isinstance(said, placement.Unschedulable)
+    assert said.message() == f"0/4 nodes are available: 4 insufficient {CLASS}."
+    refined = drareasons.refine(said, snapshot, request(2), inventory.PodDemand(), allowed)
+    assert refined.message() == (
+        f"0/4 nodes are available: 1 insufficient {CLASS}, "
+        f"1 node(s) had {CLASS} devices tainted or allocated by another ResourceClaim, "
+        f"1 node(s) had no device of DeviceClass {CLASS}, 1 node(s) had no {CLASS} device the claim's selectors match.")
