@@ -86,6 +86,8 @@ def canonical_model(node: dict[str, Any], defs: dict[str, Any], *, defaults: boo
             inner = [{**merged, "type": "int-or-string"}]
         (single,) = inner
         node = {**{k: v for k, v in node.items() if k != "anyOf"}, **single}
+        if "$ref" in node:  # Optional[a model]: the model's schema
+            return canonical_model(node, defs, defaults=defaults)
     out: dict[str, Any] = {k: node[k] for k in COMPARED if k in node}
     if defaults and node.get("default") is not None:  # default None: an optional field, absent on the wire
         out["default"] = node["default"]
@@ -156,10 +158,13 @@ def test_names_and_printer_columns() -> None:
     assert version["name"] == names.VERSION and version["subresources"] == {"status": {}}
     status_fields = {f.alias for f in models.GroupStatus.model_fields.values()}
     columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
-    assert list(columns) == ["Phase", "Node", "Devices", "Share", "Members", "Age"]
+    assert list(columns) == ["Phase", "Node", "Devices", "Share", "Claim", "Members", "Age"]
     for path in columns.values():
         if path.startswith(".status."):
             assert path.removeprefix(".status.") in status_fields
+    # `kubectl get sdg` shows a DRA group's DeviceClass, a field the spec model has
+    assert columns["Claim"] == ".spec.claim.deviceClassName"
+    assert models.DeviceClaim.model_fields["device_class_name"].alias == "deviceClassName"
 
 
 @pytest.mark.parametrize(
@@ -316,3 +321,56 @@ def test_gang_bounds_agree(spec: dict[str, Any], valid: bool) -> None:
     """minMembers against maxMembers is a CEL rule in the CRD and a model validator: the same answers."""
     assert crd_accepts(spec) is valid
     assert model_accepts(spec) is valid
+
+
+CLAIM = {"deviceClassName": "gpu.nvidia.com", "count": 2}
+H100 = "device.attributes['gpu.nvidia.com'].productName.startsWith('NVIDIA H')"
+
+
+@pytest.mark.parametrize(
+    ("spec", "valid"),
+    [
+        ({"claim": CLAIM}, True),
+        ({"claim": {"deviceClassName": "gpu.nvidia.com"}}, True),  # count defaults to 1, as in a claim
+        ({"claim": {**CLAIM, "selectors": [H100]}}, True),
+        ({"claim": {**CLAIM, "count": 32}}, True),
+        ({"claim": {**CLAIM, "count": 33}}, False),  # more than one allocation's results
+        ({"claim": {**CLAIM, "count": 0}}, False),
+        ({"claim": {"count": 1}}, False),  # no class
+        ({"claim": {**CLAIM, "deviceClassName": "GPU"}}, False),  # not a DNS subdomain
+        ({"claim": {**CLAIM, "deviceClassName": "g" * 254}}, False),
+        ({"claim": {**CLAIM, "selectors": [""]}}, False),
+        ({"claim": {**CLAIM, "selectors": ["x" * (10 * 1024 + 1)]}}, False),
+        ({"claim": {**CLAIM, "resourceClaimName": "mine"}}, None),  # unknown: pruned by the API, forbidden here
+        ({}, False),  # neither
+        ({"resources": {"nvidia.com/gpu": 1}, "claim": CLAIM}, False),  # both
+        ({"claim": CLAIM, "share": {"gpu.nvidia.com": {"capacity": {"memory": "24Gi"}}}}, True),
+        ({"claim": CLAIM, "share": {"gpu.nvidia.com": {"capacity": {"memory": 25769803776}}}}, True),
+        ({"claim": CLAIM, "share": {"gpu.nvidia.com": {"capacity": {"gpu.nvidia.com/cores": "500m"}}}}, True),
+        ({"claim": CLAIM, "share": {"gpu.nvidia.com": {"capacity": {}}}}, False),
+        ({"claim": CLAIM, "share": {"gpu.nvidia.com": {"capacity": {"memory": "0"}}}}, False),
+        ({"claim": CLAIM, "share": {"gpu.nvidia.com": {"capacity": {"memory": "24GB"}}}}, False),
+        ({"claim": CLAIM, "share": {"gpu.nvidia.com": {"capacity": {"1memory": "1Gi"}}}}, False),
+        ({"claim": CLAIM, "share": {"gpu.nvidia.com": {"capacity": {"m" * 33: "1Gi"}}}}, False),
+        ({"claim": CLAIM, "share": {"amd.com": {"capacity": {"memory": "24Gi"}}}}, False),  # not the class
+        ({"claim": CLAIM, "share": {"gpu.nvidia.com": {"memory": "24Gi"}}}, False),  # MPS share on a claim
+        ({"claim": CLAIM, "share": {"gpu.nvidia.com": {"capacity": {"memory": "1Gi"}, "compute": "1"}}}, False),
+        ({"resources": {"nvidia.com/gpu": 1}, "share": {"nvidia.com/gpu": {"capacity": {"memory": "1Gi"}}}}, False),
+    ],
+)
+def test_claim_specs_agree(spec: dict[str, Any], valid: bool | None) -> None:
+    """A DRA group's spec (CONTRACT §13): the CRD (schema and every CEL rule) and the model answer alike
+    (None: an unknown field, which the API server prunes and the model forbids)."""
+    assert crd_accepts(spec) is (valid is not False)
+    assert model_accepts(spec) is (valid is True)
+
+
+def test_requested_treats_both_kinds_alike() -> None:
+    dra = models.GroupSpec.model_validate({"claim": CLAIM})
+    plain = models.GroupSpec.model_validate({"resources": {"nvidia.com/gpu": 2, "amd.com/gpu": 1}})
+    assert (dra.is_dra, dra.requested, dra.resources) == (True, {"gpu.nvidia.com": 2}, {})
+    assert (plain.is_dra, plain.requested) == (False, {"amd.com/gpu": 1, "nvidia.com/gpu": 2})
+    assert dra.to_k8s() == {"claim": {"deviceClassName": "gpu.nvidia.com", "count": 2, "selectors": []},
+                            "share": {}, "nodeSelector": {}, "schedulingStrategy": "binpack",
+                            "maxMembers": 0, "minMembers": 0, "resources": {}}
+    assert names.claim_name("trainer") == "trainer-devices"

@@ -15,7 +15,7 @@ MERGE = "application/merge-patch+json"
 @pytest.mark.parametrize(
     ("spec", "field", "words"),
     [
-        ({}, "spec.resources", "Required value"),
+        ({}, "spec", "exactly one of spec.claim and spec.resources must be set"),
         ({"resources": {}}, "spec.resources", "should have at least 1 properties"),
         ({"resources": {"nvidia.com/gpu": 0}}, "spec.resources.nvidia.com/gpu", "greater than or equal to 1"),
         ({"resources": {"nvidia.com/gpu": 65}}, "spec.resources.nvidia.com/gpu", "less than or equal to 64"),

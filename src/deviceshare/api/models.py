@@ -40,6 +40,24 @@ MEMORY_PATTERN = (
     r"^([0-9]*[1-9][0-9]*(\.[0-9]*)?|[0-9]*\.[0-9]*[1-9][0-9]*)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$"
 )
 
+# DRA groups (CONTRACT §13). Limits as resource.k8s.io/v1 states them (pkg/apis/resource/types.go):
+# DeviceClass names are DNS subdomains; a request allocates at most 32 devices (AllocationResultsMaxSize);
+# at most 32 selectors (DeviceSelectorsMaxSize), each CEL expression at most 10 Ki bytes
+# (CELSelectorExpressionMaxLength); capacity names are QualifiedNames (a C identifier of at most 32, with an
+# optional DNS-subdomain domain), at most 32 per device (MaxAttributesAndCapacitiesPerDevice).
+MAX_CLAIM_DEVICES = 32
+MAX_CLAIM_SELECTORS = 32
+MAX_CEL_SELECTOR_LENGTH = 10 * 1024
+MAX_CAPACITY_REQUESTS = 32
+DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+CAPACITY_NAME_PATTERN = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z_][A-Za-z0-9_]{0,31}$"
+)
+# A positive resource.Quantity as a capacity request is written (24Gi, 500m, 2): the memory pattern plus milli.
+CAPACITY_PATTERN = (
+    r"^([0-9]*[1-9][0-9]*(\.[0-9]*)?|[0-9]*\.[0-9]*[1-9][0-9]*)(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E)?$"
+)
+
 Strategy = Literal["binpack", "spread", "fgd"]
 Phase = Literal["Pending", "Bound", "Releasing"]
 ConditionStatus = Literal["True", "False", "Unknown"]
@@ -52,8 +70,22 @@ ComputeQuantity = (
     Annotated[StrictInt, Field(ge=1, le=1)] | Annotated[str, StringConstraints(pattern=COMPUTE_PATTERN)]
 )
 MemoryQuantity = Annotated[StrictInt, Field(ge=1)] | Annotated[str, StringConstraints(pattern=MEMORY_PATTERN)]
+CapacityQuantity = (
+    Annotated[StrictInt, Field(ge=1)] | Annotated[str, StringConstraints(pattern=CAPACITY_PATTERN)]
+)
+CapacityName = Annotated[str, StringConstraints(pattern=CAPACITY_NAME_PATTERN, max_length=63 + 1 + 32)]
+DeviceClassName = Annotated[str, StringConstraints(pattern=DNS_SUBDOMAIN_PATTERN, max_length=253)]
+CelSelector = Annotated[str, StringConstraints(min_length=1, max_length=MAX_CEL_SELECTOR_LENGTH)]
 # RFC 3339 as metav1.Time writes it; the CRD declares `format: date-time`.
 _RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$")
+
+
+CLAIM_SHARE_IS_CAPACITY = (
+    "a claim group's share takes capacity requests alone (capacity: {memory: 24Gi}), not compute, memory or tiles"
+)
+CAPACITY_IS_FOR_CLAIMS = (
+    "share capacity is for a claim group (spec.claim); spec.resources shares take compute, memory or tiles"
+)
 
 
 class _Model(BaseModel):
@@ -68,8 +100,10 @@ class DeviceShare(_Model):
     """The part of each device of one resource a sharing group takes (CONTRACT §7).
 
     Either ``compute`` and/or ``memory`` (other sharers may use the rest), or ``tiles`` alone
-    (whole sub-devices). The wire keeps the quantities as written; ``compute_milli`` and
-    ``memory_bytes`` are the numbers the ledger counts in.
+    (whole sub-devices), or, for a DRA group (CONTRACT §13), ``capacity`` alone: the capacity requests of
+    the group's ResourceClaim, named as the driver's slices publish them (``{memory: 24Gi}``). The wire
+    keeps the quantities as written; ``compute_milli`` and ``memory_bytes`` are the numbers the ledger
+    counts in.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -77,13 +111,19 @@ class DeviceShare(_Model):
     compute: ComputeQuantity | None = None
     memory: MemoryQuantity | None = None
     tiles: int | None = Field(default=None, ge=1, le=MAX_TILES_PER_DEVICE)
+    capacity: dict[CapacityName, CapacityQuantity] | None = Field(
+        default=None, min_length=1, max_length=MAX_CAPACITY_REQUESTS
+    )
 
     @model_validator(mode="after")
     def _one_kind(self) -> DeviceShare:
+        beside = self.compute is not None or self.memory is not None or self.tiles is not None
+        if self.capacity is not None and beside:
+            raise ValueError("capacity stands alone in a share entry: no compute, memory or tiles beside it")
         if self.tiles is not None and (self.compute is not None or self.memory is not None):
             raise ValueError("tiles stands alone in a share entry: no compute or memory beside it")
-        if self.tiles is None and self.compute is None and self.memory is None:
-            raise ValueError("a share entry needs compute, memory or both (or tiles alone)")
+        if self.capacity is None and not beside:
+            raise ValueError("a share entry needs compute, memory or both (or tiles alone, or capacity alone)")
         return self
 
     @property
@@ -97,7 +137,9 @@ class DeviceShare(_Model):
         return 0 if self.memory is None else quantities.parse_bytes(self.memory)
 
     def describe(self) -> str:
-        """``compute=460m,memory=12Gi`` or ``tiles=1``, for messages."""
+        """``compute=460m,memory=12Gi``, ``tiles=1`` or ``capacity.memory=24Gi``, for messages."""
+        if self.capacity is not None:
+            return ",".join(f"capacity.{name}={value}" for name, value in sorted(self.capacity.items()))
         if self.tiles is not None:
             return f"tiles={self.tiles}"
         parts = []
@@ -108,13 +150,29 @@ class DeviceShare(_Model):
         return ",".join(parts)
 
 
-class GroupSpec(_Model):
-    """What a group asks for. ``resources``, ``share``, ``nodeSelector`` and ``minMembers`` are immutable
-    once Bound."""
+class DeviceClaim(_Model):
+    """The devices a DRA group takes through its ResourceClaim (CONTRACT §13): ``count`` devices of a
+    DeviceClass, each matching every CEL selector. The operator writes it into the claim's one request as
+    ``exactly: {deviceClassName, count, selectors: [{cel: {expression}}]}``."""
 
     model_config = ConfigDict(extra="forbid")
 
-    resources: dict[ResourceName, DeviceCount] = Field(min_length=1, max_length=MAX_RESOURCES)
+    device_class_name: DeviceClassName
+    count: int = Field(default=1, ge=1, le=MAX_CLAIM_DEVICES)
+    selectors: list[CelSelector] = Field(default_factory=list, max_length=MAX_CLAIM_SELECTORS)
+
+
+class GroupSpec(_Model):
+    """What a group asks for: whole devices or shares of extended resources (``resources``), or the devices
+    of a ResourceClaim (``claim``), exactly one of the two. ``resources``, ``claim``, ``share``,
+    ``nodeSelector`` and ``minMembers`` are immutable once Bound."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    resources: dict[ResourceName, DeviceCount] = Field(
+        default_factory=dict, min_length=1, max_length=MAX_RESOURCES
+    )
+    claim: DeviceClaim | None = None
     share: dict[str, DeviceShare] = Field(default_factory=dict, max_length=MAX_RESOURCES)
     node_selector: dict[str, LabelValue] = Field(default_factory=dict, max_length=MAX_SELECTOR_ENTRIES)
     scheduling_strategy: Strategy = "binpack"
@@ -128,10 +186,28 @@ class GroupSpec(_Model):
         return dict(sorted(v.items()))
 
     @model_validator(mode="after")
+    def _resources_or_claim(self) -> GroupSpec:
+        if bool(self.resources) == (self.claim is not None):
+            raise ValueError("exactly one of spec.claim and spec.resources must be set")
+        return self
+
+    @model_validator(mode="after")
     def _share_keys_are_resources(self) -> GroupSpec:
+        if self.claim is not None:
+            unknown = sorted(set(self.share) - {self.claim.device_class_name})
+            if unknown:
+                raise ValueError(
+                    f"spec.share names {unknown}: a claim group's share key is spec.claim.deviceClassName "
+                    f"({self.claim.device_class_name})"
+                )
+            if any(entry.capacity is None for entry in self.share.values()):
+                raise ValueError(CLAIM_SHARE_IS_CAPACITY)
+            return self
         unknown = sorted(set(self.share) - set(self.resources))
         if unknown:
             raise ValueError(f"spec.share names {unknown}, which spec.resources does not list")
+        if any(entry.capacity is not None for entry in self.share.values()):
+            raise ValueError(CAPACITY_IS_FOR_CLAIMS)
         return self
 
     @model_validator(mode="after")
@@ -146,6 +222,19 @@ class GroupSpec(_Model):
     def shares(self) -> dict[str, DeviceShare]:
         """resource -> share, for the resources shared with other groups (empty: whole devices)."""
         return dict(sorted(self.share.items()))
+
+    @property
+    def is_dra(self) -> bool:
+        """Whether the group takes its devices through a ResourceClaim (CONTRACT §13)."""
+        return self.claim is not None
+
+    @property
+    def requested(self) -> dict[str, int]:
+        """What the group asks for, keyed as its allocation is: resource -> whole devices, or for a claim
+        group ``{deviceClassName: count}``."""
+        if self.claim is not None:
+            return {self.claim.device_class_name: self.claim.count}
+        return dict(self.resources)
 
 
 class Condition(_Model):

@@ -52,8 +52,17 @@ CDI_CONTAINER_ANNOTATION_PREFIX: Final = f"{CDI_ANNOTATION_DOMAIN}/container."
 # Status of a sharing group: resource -> "<device-id>.<tile>" (CONTRACT §7).
 STATUS_ALLOCATED_TILES: Final = "allocatedTiles"
 
-# The finalizer that holds a group's deletion until no member runs on its devices.
+# The finalizer that holds a group's deletion until no member runs on its devices; a DRA group's
+# ResourceClaim carries it too, so the allocation lives as long as the group holds its devices (CONTRACT §13).
 GROUP_FINALIZER: Final = "deviceshare.io/release-devices"
+
+# DRA groups (CONTRACT §13): the group's ResourceClaim is `<group>-devices`, its one request `devices`, and a
+# member pod names it `deviceshare` in spec.resourceClaims and each container's resources.claims.
+DRA_API_GROUP: Final = "resource.k8s.io"
+DRA_API_VERSION: Final = f"{DRA_API_GROUP}/v1"
+CLAIM_SUFFIX: Final = "-devices"
+CLAIM_REQUEST_NAME: Final = "devices"
+POD_CLAIM_NAME: Final = "deviceshare"
 
 # Phases and conditions
 PHASE_PENDING: Final = "Pending"
@@ -91,3 +100,9 @@ def key_text(key: tuple[str, str]) -> str:
 def env_field_path(env_name: str) -> str:
     """The downward-API fieldPath that resolves to :func:`env_annotation`."""
     return f"metadata.annotations['{env_annotation(env_name)}']"
+
+
+def claim_name(group: str) -> str:
+    """The ResourceClaim of a DRA group: ``<group>-devices``. A group's name is a DNS-1123 label (at most 63,
+    the CRD says so), so the claim's name (a DNS subdomain, at most 253) always fits."""
+    return f"{group}{CLAIM_SUFFIX}"
