@@ -1,6 +1,7 @@
 # deviceshare: the operator, webhook and CLI in one image (`make image`).
 # Two stages: the first builds the wheel and a virtualenv with the runtime dependencies only (no extras:
-# the sandbox's kmock, cel-python and jsonpatch are `deviceshare[sandbox]`, not in the image);
+# the sandbox's kmock and jsonpatch are `deviceshare[sandbox]`, not in the image; cel-python is a runtime
+# dependency, for DRA device selectors);
 # the second copies that virtualenv onto the same slim base, with no compiler, pip cache or source.
 # The base is pinned to a full version; pin it by digest too where your registry policy asks.
 ARG PYTHON_IMAGE=python:3.11.7-slim-bookworm

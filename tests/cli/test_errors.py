@@ -209,9 +209,9 @@ def test_without_the_certs_extra_certs_names_it_in_one_line(env: dict[str, str],
 def test_without_the_sandbox_extra_sandbox_and_demo_name_it_in_one_line(
     env: dict[str, str], tmp_path: Path, command: str
 ) -> None:
-    # An image without the extra: kmock and cel-python cannot be imported.
+    # An image without the extra: kmock and jsonpatch cannot be imported (cel-python is a main dependency).
     hidden = tmp_path / "hidden"
-    for module in ("kmock", "celpy"):
+    for module in ("kmock", "jsonpatch"):
         (hidden / module).mkdir(parents=True)
         (hidden / module / "__init__.py").write_text(f"raise ImportError('No module named {module}')\n")
     env = {**env, "PYTHONPATH": f"{hidden}{os.pathsep}{SRC}"}
@@ -219,6 +219,6 @@ def test_without_the_sandbox_extra_sandbox_and_demo_name_it_in_one_line(
     assert result.returncode == cli.EXIT_CONFIG
     assert result.stderr.splitlines() == [
         f"deviceshare {command}: the sandbox needs the optional extra: pip install 'deviceshare[sandbox]' "
-        "(missing: kmock, cel-python)"
+        "(missing: kmock, jsonpatch)"
     ]
     assert not (tmp_path / "kubeconfig").exists()

@@ -112,3 +112,19 @@ async def test_a_device_class_needs_compiling_cel_selectors(http: Http) -> None:
     assert _messages(refused)[0].startswith("spec.selectors[0].cel.expression: Invalid value: \"device.driver ==\"")
     status, refused = await http.call("POST", CLASSES, {**device_class("empty"), "spec": {"selectors": [{}]}})
     assert _messages(refused) == ["spec.selectors[0].cel: Required value"]
+
+
+async def test_a_selector_that_parses_but_does_not_type_check_is_refused_as_kube_apiserver_does(http: Http) -> None:
+    # cel-go checks names, fields and types at compile time: these parse, yet kube-apiserver refuses them
+    for expression, problem in (
+        ("device.driverName == 'gpu.nvidia.com'", "undefined field 'driverName'"),
+        ("device.attributes['gpu.nvidia.com'].productName.beginsWith('NVIDIA')",
+         "undeclared reference to 'beginsWith'"),
+        ("device.driver", "must evaluate to bool or the unknown type, not string"),
+    ):
+        status, refused = await http.call("POST", CLASSES, device_class("typo", expression))
+        assert status == 422, refused
+        (message,) = _messages(refused)
+        assert message.startswith(f"spec.selectors[0].cel.expression: Invalid value: \"{expression}\": "
+                                  "compilation failed: ERROR: <input>:1:"), message
+        assert problem in message

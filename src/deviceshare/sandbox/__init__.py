@@ -1,7 +1,8 @@
 """An embedded Kubernetes API (built on kmock) with simulated GPU nodes, for tests, demo and benchmarks.
 
-Its libraries (kmock, cel-python, jsonpatch) are the optional extra ``deviceshare[sandbox]``:
-the operator and webhook image installs only what production runs.
+Its libraries (kmock, jsonpatch) are the optional extra ``deviceshare[sandbox]``: the operator and webhook image
+installs only what production runs. cel-python, which it also uses, is a main dependency (the operator evaluates
+DRA device selectors with it).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ if TYPE_CHECKING:
 __all__ = ["Sandbox", "require"]
 
 # module -> the distribution that provides it, for the message
-EXTRA_MODULES = {"kmock": "kmock", "celpy": "cel-python", "jsonpatch": "jsonpatch"}
+EXTRA_MODULES = {"kmock": "kmock", "jsonpatch": "jsonpatch"}
 
 
 def require() -> None:

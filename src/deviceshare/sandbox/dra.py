@@ -14,7 +14,10 @@ What kube-apiserver does, read from (kubernetes/kubernetes, 2026):
 - pkg/registry/resource/resourceslice/strategy.go: slices are selectable by ``spec.nodeName`` and
   ``spec.driver``.
 
-Not modelled: CEL cost limits (an expression is only compiled, with cel-python), ``sharedCounters`` /
+Selectors compile with the operator's own engine (core/deviceselectors.py: kube-scheduler's DRA CEL environment,
+type checks included), so the sandbox refuses what kube-apiserver refuses and the operator runs what it accepts.
+
+Not modelled: CEL cost limits, ``sharedCounters`` /
 ``consumesCounters`` beyond their presence, binding conditions, ``nodeAllocatableResources``, and
 DeviceTaintRule / ResourceClaimTemplate.
 """
@@ -25,7 +28,7 @@ import re
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from deviceshare.sandbox import cel
+from deviceshare.core import deviceselectors
 
 GROUP, VERSION = "resource.k8s.io", "v1"
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -212,7 +215,7 @@ def label_key(value: Any, path: str) -> Causes:
 
 
 def selector(item: Any, path: str) -> Causes:
-    """validateSelector: ``cel`` required; its expression at most 10 KiB and compiling (cel-python here)."""
+    """validateSelector: ``cel`` required; its expression at most 10 KiB and compiling in the DRA environment."""
     expression = mapping(mapping(item).get("cel")).get("expression")
     if not isinstance(mapping(item).get("cel"), Mapping):
         return [required(f"{path}.cel")]
@@ -222,9 +225,9 @@ def selector(item: Any, path: str) -> Causes:
     if len(expression) > CEL_MAX_LENGTH:
         return [(path, f"Too long: may not be more than {CEL_MAX_LENGTH} bytes")]
     try:
-        cel.compiled(expression)
-    except cel.CelError as e:
-        return [invalid(path, expression, str(e))]
+        deviceselectors.compile_selectors([expression])
+    except deviceselectors.SelectorError as e:
+        return [invalid(path, expression, e.detail)]
     return []
 
 
