@@ -21,7 +21,7 @@ from deviceshare.kube import watching
 from .. import readback
 from .. import state as state_
 from ..readback import Seen
-from . import listing
+from . import claimwrites
 from .errors import READ_BACK_TRIES, Conflict, Gone, TooManyRequests, Uncertain
 from .eventwrites import EventWrites
 from .transport import (
@@ -39,9 +39,10 @@ from .transport import (
 logger = logging.getLogger(__name__)
 
 
-class ClusterApi(listing.Collections, EventWrites):
+class ClusterApi(claimwrites.ClaimWrites, EventWrites):
     """Every read the operator makes outside its watches, and every write (lists of nodes, pods and groups: see
-    :class:`.listing.Collections`; Events: :class:`.eventwrites.EventWrites`)."""
+    :class:`.listing.Collections`; ResourceClaims, slices and classes: :class:`.claimwrites.ClaimWrites`; Events:
+    :class:`.eventwrites.EventWrites`)."""
 
     def node_reflector(self, sink: watching.Sink, *, resume_from: str | None = None) -> watching.Reflector:
         """A list+watch of every node, feeding ``sink`` (``resume_from``: see :class:`watching.Reflector`)."""

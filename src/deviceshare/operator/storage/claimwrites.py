@@ -1,0 +1,84 @@
+"""Dynamic Resource Allocation (``resource.k8s.io/v1``, CONTRACT §13): the watches of ResourceSlices, DeviceClasses
+and ResourceClaims, their lists for a rebuild, and the operator's one write to a claim, its ``status`` (allocation
+and ``reservedFor``, as kube-scheduler writes them: KEP-4381).
+
+A claim status write is conditional on the resourceVersion it was computed from (409: read again, decide again);
+a lost answer is read back (``readback.claim_status``) and sent again only while the claim still shows the version
+it was conditional on, so at most one copy can land.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+from typing import Any, overload
+
+from kubernetes_asyncio import client as k8s
+
+from deviceshare.kube import watching
+
+from .. import readback
+from ..readback import Seen
+from .errors import READ_BACK_TRIES, Conflict, Gone, Uncertain
+from .listing import Body, Collections, T
+from .transport import MERGE_PATCH, _segment
+
+GROUP, VERSION = "resource.k8s.io", "v1"
+SLICES, CLASSES, CLAIMS = "resourceslices", "deviceclasses", "resourceclaims"
+ClaimKey = tuple[str, str]
+
+
+def claim_path(key: ClaimKey) -> str:
+    return f"/apis/{GROUP}/{VERSION}/namespaces/{_segment(key[0])}/{CLAIMS}/{_segment(key[1])}"
+
+
+class ClaimWrites(Collections):
+    def dra_reflector(self, plural: str, sink: watching.Sink, *, resume_from: str | None = None) -> watching.Reflector:
+        """A list+watch of every object of ``plural`` (``resourceslices``, ``deviceclasses``, ``resourceclaims``
+        in all namespaces), feeding ``sink``."""
+        call = functools.partial(k8s.CustomObjectsApi(self._client).list_cluster_custom_object, GROUP, VERSION, plural)
+        return watching.Reflector(
+            call, sink, name=plural, watch_timeout_s=self.watch_timeout_s, request_timeout_s=self.request_timeout,
+            idle_timeout_s=self.watch_idle_s, resume_from=resume_from,
+        )
+
+    @overload
+    async def list_dra(self, plural: str) -> watching.Listing[Body]: ...
+    @overload
+    async def list_dra(self, plural: str, transform: Callable[[Body], T]) -> watching.Listing[T]: ...
+    async def list_dra(self, plural: str, transform: Callable[[Body], Any] | None = None) -> watching.Listing[Any]:
+        return await self._list(f"/apis/{GROUP}/{VERSION}/{plural}", f"list {plural}", transform)
+
+    async def read_claim(self, key: ClaimKey) -> dict[str, Any] | None:
+        """The claim as the API shows it now; None if it does not exist."""
+        try:
+            data: dict[str, Any] = await self._call("GET", claim_path(key), f"get resourceclaim {key[0]}/{key[1]}")
+        except Gone:
+            return None
+        return data
+
+    async def patch_claim_status(
+        self, key: ClaimKey, status: Mapping[str, Any], *, uid: str, resource_version: str
+    ) -> dict[str, Any]:
+        """Merge-patch ``status`` fields (``None`` removes one), conditional on ``resource_version``; the claim
+        as the API shows it after the write. ``Conflict`` when it changed, ``Gone`` when it no longer exists."""
+        what = f"patch status of resourceclaim {key[0]}/{key[1]}"
+        body = {"status": dict(status), "metadata": {"resourceVersion": resource_version, "uid": uid}}
+        judge = functools.partial(readback.claim_status, uid=uid, written=status, precondition=resource_version)
+        resource = "resourceclaims/status"
+        for _ in range(READ_BACK_TRIES):
+            try:
+                data: dict[str, Any] = await self._write(
+                    "PATCH", claim_path(key) + "/status", what, body, verb="patch", resource=resource,
+                    content_type=MERGE_PATCH, resolved_by_caller=True,
+                )
+                return data
+            except Uncertain:
+                seen, shown = await self._resolve(what, "patch", resource, lambda: self.read_claim(key), judge)
+            if seen is Seen.LANDED and shown is not None:
+                return shown
+            if seen is Seen.GONE:
+                raise Gone(f"{what}: the claim no longer exists")
+            if seen is Seen.OVERTAKEN:
+                raise Conflict(f"{what}: the claim changed while our write's answer was lost")
+        raise Uncertain(f"{what}: the answer was lost {READ_BACK_TRIES} times")
