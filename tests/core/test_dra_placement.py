@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 from tests.core import builders
 
-from deviceshare.core import drareasons, eligibility, inventory, placement
+from deviceshare.core import drareasons, eligibility, inventory, placement, reasonkinds, reasons
 from deviceshare.core import ledger as ledgers
 
 CLASS = "gpu.nvidia.com"
@@ -52,8 +52,8 @@ def test_selectors_narrow_the_devices_a_group_may_take() -> None:
     ledger = ledgers.DeviceLedger()
     for name in ("a", "b"):
         ledger.upsert_node(dra_node(name))
-    allowed = frozenset({"b/gpu-1", "b/gpu-3", "a/gpu-2"})
-    snapshot = eligibility.restrict(ledger.snapshot(), CLASS, allowed)
+    excluded = {"a": frozenset({"a/gpu-0", "a/gpu-1", "a/gpu-3"}), "b": frozenset({"b/gpu-0", "b/gpu-2"})}
+    snapshot = eligibility.restrict(ledger.snapshot(), CLASS, excluded)
     placed = placement.place_on(snapshot, request(2), inventory.PodDemand())
     assert isinstance(placed, placement.Placement) and placed.devices == {CLASS: ("b/gpu-1", "b/gpu-3")}
     none = placement.place_on(snapshot, request(3), inventory.PodDemand())
@@ -70,13 +70,20 @@ def test_why_nothing_fits_is_said_in_dra_terms() -> None:
     ledger.upsert_node(builders.node("plugin-only", gpus=4))
     ledger.upsert_node(dra_node("unmatched"))
     snapshot = ledger.snapshot()
-    allowed = frozenset(f"{n}/gpu-{i}" for n in ("taken", "full") for i in range(4))
-    narrowed = eligibility.restrict(snapshot, CLASS, allowed)
+    excluded = {"unmatched": frozenset(f"unmatched/gpu-{i}" for i in range(4))}
+    narrowed = eligibility.restrict(snapshot, CLASS, excluded)
     said = placement.place_on(narrowed, request(2), inventory.PodDemand())
     assert isinstance(said, placement.Unschedulable)
     assert said.message() == f"0/4 nodes are available: 4 insufficient {CLASS}."
-    refined = drareasons.refine(said, snapshot, request(2), inventory.PodDemand(), allowed)
+    refined = drareasons.refine(said, snapshot, request(2), inventory.PodDemand(), excluded)
     assert refined.message() == (
         f"0/4 nodes are available: 1 insufficient {CLASS}, "
         f"1 node(s) had {CLASS} devices tainted or allocated by another ResourceClaim, "
         f"1 node(s) had no device of DeviceClass {CLASS}, 1 node(s) had no {CLASS} device the claim's selectors match.")
+
+
+@pytest.mark.parametrize("reason", [reasons.no_class_device(CLASS), reasons.no_selected_device(CLASS),
+                                    reasons.withheld_devices(CLASS)])
+def test_dra_reasons_count_as_devices_for_the_waiting_groups_gauge(reason: str) -> None:
+    assert reasonkinds.reason_kind(reason) == reasonkinds.DEVICES
+    assert reasonkinds.kind_of(f"0/3 nodes are available: 3 {reason}.") == reasonkinds.DEVICES

@@ -10,22 +10,10 @@ or simply too few free (held by other groups). Only run when nothing fits: it as
 from __future__ import annotations
 
 import collections
-from collections.abc import Set
+from collections.abc import Mapping, Set
 
 from deviceshare.core import eligibility, inventory, placement, reasons
 from deviceshare.core import ledger as ledgers
-
-
-def no_device(device_class: str) -> str:
-    return f"node(s) had no device of DeviceClass {device_class}"
-
-
-def no_match(device_class: str) -> str:
-    return f"node(s) had no {device_class} device the claim's selectors match"
-
-
-def withheld(device_class: str) -> str:
-    return f"node(s) had {device_class} devices tainted or allocated by another ResourceClaim"
 
 
 def refine(
@@ -33,10 +21,11 @@ def refine(
     snapshot: ledgers.LedgerSnapshot,
     request: placement.GroupRequest,
     pod: inventory.PodDemand,
-    allowed: Set[str] | None = None,
+    excluded: Mapping[str, Set[str]] | None = None,
 ) -> placement.Unschedulable:
     """``unschedulable`` with each node counted as ``insufficient <class>`` told apart (see the module docstring).
-    ``snapshot``: the ledger's (not narrowed to ``allowed``, the devices the claim's selectors match, if any)."""
+    ``snapshot``: the ledger's, not narrowed; ``excluded``: node -> the devices the claim's selectors do not match
+    (None: no selectors)."""
     if len(request.resources) != 1:
         return unschedulable
     ((device_class, need),) = request.resources.items()
@@ -45,19 +34,19 @@ def refine(
         return unschedulable
     counted = collections.Counter({r: n for r, n in unschedulable.reasons.items() if r != short})
     for state in snapshot.nodes.values():
-        narrowed = state if allowed is None else eligibility.narrow(state, device_class, allowed)
+        left_out = (excluded or {}).get(state.info.name, frozenset())
+        narrowed = eligibility.narrow(state, device_class, left_out)
         if placement.node_failure(narrowed, request, pod) != short:
             continue
         offered = state.info.devices.get(device_class, ())
-        if allowed is not None:
-            offered = tuple(d for d in offered if d in allowed)
+        offered = tuple(d for d in offered if d not in left_out)
         blocked = state.info.withheld.get(device_class, frozenset())
         if not state.info.devices.get(device_class):
-            counted[no_device(device_class)] += 1
-        elif not offered:
-            counted[no_match(device_class)] += 1
+            counted[reasons.no_class_device(device_class)] += 1
+        elif not offered:  # (only with selectors: a node without any is counted above)
+            counted[reasons.no_selected_device(device_class)] += 1
         elif len(narrowed.free.get(device_class, ())) + sum(d in blocked for d in offered) >= need:
-            counted[withheld(device_class)] += 1
+            counted[reasons.withheld_devices(device_class)] += 1
         else:
             counted[short] += 1
     return placement.Unschedulable(dict(counted), unschedulable.total_nodes)

@@ -76,7 +76,7 @@ class DraInventory:
         self._bases: dict[str, inventory.NodeInfo] = {}  # what the Node object says, before DRA
         self._matches: dict[tuple[str, str, str], frozenset[str]] = {}  # (class, slice, version) -> device ids
         # A claim's selectors -> the devices of its class they match; cleared when a slice or class changes.
-        self._eligible: dict[tuple[str, tuple[str, ...]], frozenset[str]] = {}
+        self._excluded: dict[tuple[str, tuple[str, ...]], dict[str, frozenset[str]]] = {}
 
     # -- what the watches say --------------------------------------------------------------------
 
@@ -92,7 +92,7 @@ class DraInventory:
         """A ResourceSlice event; returns the nodes whose view changed."""
         name = str(_meta(body).get("name") or "")
         old = self._slices.pop(name, None)
-        self._eligible.clear()
+        self._excluded.clear()
         touched: set[str] = set()
         if old is not None and old.node:
             self._by_node.get(old.node, set()).discard(name)
@@ -116,7 +116,7 @@ class DraInventory:
         else:
             self._classes[name] = read_class(body)
         self._matches = {k: v for k, v in self._matches.items() if k[0] != name}
-        self._eligible.clear()
+        self._excluded.clear()
         return set(self._by_node)
 
     def on_claim(self, event_type: str, body: Mapping[str, Any]) -> set[str]:
@@ -201,30 +201,32 @@ class DraInventory:
                     return d
         return None
 
-    def eligible(self, class_name: str, selectors: Sequence[str]) -> frozenset[str]:
-        """The devices of the class (on every node) that a claim's ``selectors`` also match, evaluated once per
-        (class, selectors) until a slice or class changes. A selector that does not compile matches nothing; one
-        that fails on a device (a missing attribute) fails that device, as kube-scheduler's allocator does."""
+    def excluded(self, class_name: str, selectors: Sequence[str]) -> dict[str, frozenset[str]]:
+        """Per node, the devices of the class a claim's ``selectors`` do not match (nodes where they match every
+        device are absent), evaluated once per (class, selectors) until a slice or class changes. Selectors that
+        do not compile match nothing; one that fails on a device (a missing attribute) fails that device, as
+        kube-scheduler's allocator does."""
         key = (class_name, tuple(selectors))
-        cached = self._eligible.get(key)
+        cached = self._excluded.get(key)
         if cached is not None:
             return cached
         cls = self._classes.get(class_name)
         try:
-            compiled = deviceselectors.compile_selectors(list(selectors))
+            compiled: deviceselectors.Selectors | None = deviceselectors.compile_selectors(list(selectors))
         except deviceselectors.SelectorError as e:
             logger.warning("claim selectors %s do not compile: %s", list(selectors), e)
             compiled = None
-        found: set[str] = set()
-        if cls is not None and compiled is not None:
+        found: dict[str, set[str]] = {}
+        if cls is not None:
+            claim = DeviceClass(class_name, compiled, None)
             for resource_slice in self._slices.values():
                 if resource_slice.node is None:
                     continue
-                for device_name in self._class_devices(cls, resource_slice):
-                    device = next(d for d in resource_slice.devices if d.id == device_name)
-                    if self._matches_class(DeviceClass(class_name, compiled, None), device):
-                        found.add(device.id)
-        cached = self._eligible[key] = frozenset(found)
+                ids = set(self._class_devices(cls, resource_slice))
+                for device in resource_slice.devices:
+                    if device.id in ids and not self._matches_class(claim, device):
+                        found.setdefault(resource_slice.node, set()).add(device.id)
+        cached = self._excluded[key] = {node: frozenset(ids) for node, ids in found.items()}
         return cached
 
     def node_of(self, device: str) -> str | None:

@@ -26,20 +26,20 @@ def refusal(spec: models.GroupSpec) -> str | None:
     return None
 
 
-def allowed(ctx: Context, spec: models.GroupSpec) -> frozenset[str] | None:
-    """The devices of the group's class its claim's selectors match (None: no selectors, every device may do)."""
+def excluded(ctx: Context, spec: models.GroupSpec) -> dict[str, frozenset[str]] | None:
+    """Per node, the devices of the group's class its claim's selectors do not match (None: no selectors)."""
     selectors = _selectors(spec)
     if spec.claim is None or not selectors:
         return None
-    return ctx.dra.eligible(spec.claim.device_class_name, selectors)
+    return ctx.dra.excluded(spec.claim.device_class_name, selectors)
 
 
 def narrowed(ctx: Context, spec: models.GroupSpec, snapshot: ledgers.LedgerSnapshot) -> ledgers.LedgerSnapshot:
     """The snapshot with only the devices the group's selectors match offered."""
-    devices = allowed(ctx, spec)
-    if spec.claim is None or devices is None:
+    left_out = excluded(ctx, spec)
+    if spec.claim is None or left_out is None:
         return snapshot
-    return eligibility.restrict(snapshot, spec.claim.device_class_name, devices)
+    return eligibility.restrict(snapshot, spec.claim.device_class_name, left_out)
 
 
 def explained(
@@ -49,4 +49,4 @@ def explained(
     """Why nothing fits, each node short of devices of the class told apart (``core/drareasons``)."""
     if not spec.is_dra:
         return unschedulable
-    return drareasons.refine(unschedulable, snapshot, request, pod, allowed(ctx, spec))
+    return drareasons.refine(unschedulable, snapshot, request, pod, excluded(ctx, spec))
