@@ -97,8 +97,8 @@ def churn(nodes: int, gpus: int, decisions: int, kind: str, seed: int = 7) -> di
         inv.on_class("ADDED", dradriver.device_class())
         for i in range(nodes):
             inv.on_slice("ADDED", _slice(f"node-{i:05d}", gpus, None))
-        left_out = inv.excluded(CLASS, [selector])
-        narrow = lambda snapshot: eligibility.restrict(snapshot, CLASS, left_out)  # noqa: E731
+        left_out, memo = inv.excluded(CLASS, [selector]), inv.narrowed(CLASS, [selector])
+        narrow = lambda snapshot: eligibility.restrict(snapshot, CLASS, left_out, memo)  # noqa: E731
     rng = random.Random(seed + 1)
     live: list[tuple[str, str]] = []
     pod = inventory.PodDemand(cpu_milli=1000, memory_bytes=8 << 30)

@@ -87,3 +87,18 @@ def test_why_nothing_fits_is_said_in_dra_terms() -> None:
 def test_dra_reasons_count_as_devices_for_the_waiting_groups_gauge(reason: str) -> None:
     assert reasonkinds.reason_kind(reason) == reasonkinds.DEVICES
     assert reasonkinds.kind_of(f"0/3 nodes are available: 3 {reason}.") == reasonkinds.DEVICES
+
+
+def test_the_memo_of_narrowed_nodes_follows_the_ledger() -> None:
+    ledger = ledgers.DeviceLedger()
+    for name in ("a", "b"):
+        ledger.upsert_node(dra_node(name))
+    excluded = {"a": frozenset({"a/gpu-0"}), "b": frozenset({"b/gpu-0", "b/gpu-1"})}
+    memo: eligibility.Narrowed = {}
+    first = eligibility.restrict(ledger.snapshot(), CLASS, excluded, memo)
+    assert first.nodes["b"].free[CLASS] == ("b/gpu-2", "b/gpu-3")
+    ledger.reserve(("ml", "x"), "b", {CLASS: ["b/gpu-2"]})
+    again = eligibility.restrict(ledger.snapshot(), CLASS, excluded, memo)
+    assert again.nodes["b"].free[CLASS] == ("b/gpu-3",)  # b changed: narrowed again
+    assert again.nodes["a"] is first.nodes["a"]  # a did not: its narrowed state reused
+    assert again.nodes["a"].free[CLASS] == ("a/gpu-1", "a/gpu-2", "a/gpu-3")

@@ -34,20 +34,40 @@ def narrow(state: snapshots.NodeState, resource: str, excluded: Set[str]) -> sna
     return dataclasses.replace(state, free=new_free, partial=new_partial)
 
 
+Narrowed = dict[str, tuple[snapshots.NodeState, snapshots.NodeState]]  # node -> (ledger's state, narrowed)
+
+
 def restrict(
-    snapshot: snapshots.LedgerSnapshot, resource: str, excluded: Mapping[str, Set[str]]
+    snapshot: snapshots.LedgerSnapshot, resource: str, excluded: Mapping[str, Set[str]],
+    memo: Narrowed | None = None,
 ) -> snapshots.LedgerSnapshot:
     """``snapshot`` without the ``excluded`` devices (node -> device IDs the claim's selectors do not match) of
-    ``resource`` on offer. Only the shards of those nodes are copied: a selector most devices match costs little."""
-    touched = {node: devices for node, devices in excluded.items() if devices and node in snapshot.nodes}
-    if not touched:
-        return snapshot
-    shards = list(snapshot.nodes.shards)
-    for node, devices in touched.items():
+    ``resource`` on offer. Only the shards of those nodes are copied: a selector most devices match costs little.
+    ``memo`` (the caller's, one per ``excluded``) keeps each node's narrowed state while the ledger's state of it
+    is the same object (snapshots share the states of nodes that did not change): a selector few devices match
+    narrows only the nodes that changed since the last decision."""
+    nodes = snapshot.nodes
+    shards = list(nodes.shards)
+    copied = [False] * len(shards)
+    for node, devices in excluded.items():
         i = hash(node) % snapshots.SHARDS
-        if shards[i] is snapshot.nodes.shards[i]:
-            shards[i] = dict(shards[i])
-        shards[i][node] = narrow(shards[i][node], resource, devices)
+        state = shards[i].get(node)
+        if state is None or not devices:
+            continue
+        kept = memo.get(node) if memo is not None else None
+        if kept is not None and kept[0] is state:
+            narrowed = kept[1]
+        else:
+            narrowed = narrow(state, resource, devices)
+            if memo is not None:
+                memo[node] = (state, narrowed)
+        if narrowed is state:
+            continue
+        if not copied[i]:
+            shards[i], copied[i] = dict(shards[i]), True
+        shards[i][node] = narrowed
+    if not any(copied):
+        return snapshot
     return snapshots.LedgerSnapshot(
         revision=snapshot.revision,
         nodes=snapshots.NodeStates(tuple(shards)),

@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from deviceshare.api import names
-from deviceshare.core import deviceselectors, inventory
+from deviceshare.core import deviceselectors, eligibility, inventory
 
 from .draobjects import (
     ClaimAllocation,
@@ -77,6 +77,7 @@ class DraInventory:
         self._matches: dict[tuple[str, str, str], frozenset[str]] = {}  # (class, slice, version) -> device ids
         # A claim's selectors -> the devices of its class they match; cleared when a slice or class changes.
         self._excluded: dict[tuple[str, tuple[str, ...]], dict[str, frozenset[str]]] = {}
+        self._narrowed: dict[tuple[str, tuple[str, ...]], eligibility.Narrowed] = {}  # restrict's memo per key
 
     # -- what the watches say --------------------------------------------------------------------
 
@@ -93,6 +94,7 @@ class DraInventory:
         name = str(_meta(body).get("name") or "")
         old = self._slices.pop(name, None)
         self._excluded.clear()
+        self._narrowed.clear()
         touched: set[str] = set()
         if old is not None and old.node:
             self._by_node.get(old.node, set()).discard(name)
@@ -117,6 +119,7 @@ class DraInventory:
             self._classes[name] = read_class(body)
         self._matches = {k: v for k, v in self._matches.items() if k[0] != name}
         self._excluded.clear()
+        self._narrowed.clear()
         return set(self._by_node)
 
     def on_claim(self, event_type: str, body: Mapping[str, Any]) -> set[str]:
@@ -228,6 +231,10 @@ class DraInventory:
                         found.setdefault(resource_slice.node, set()).add(device.id)
         cached = self._excluded[key] = {node: frozenset(ids) for node, ids in found.items()}
         return cached
+
+    def narrowed(self, class_name: str, selectors: Sequence[str]) -> eligibility.Narrowed:
+        """The memo of ``core.eligibility.restrict`` for these selectors (emptied when a slice or class changes)."""
+        return self._narrowed.setdefault((class_name, tuple(selectors)), {})
 
     def node_of(self, device: str) -> str | None:
         """The node whose slice publishes ``device``."""

@@ -39,7 +39,8 @@ def narrowed(ctx: Context, spec: models.GroupSpec, snapshot: ledgers.LedgerSnaps
     left_out = excluded(ctx, spec)
     if spec.claim is None or left_out is None:
         return snapshot
-    return eligibility.restrict(snapshot, spec.claim.device_class_name, left_out)
+    memo = ctx.dra.narrowed(spec.claim.device_class_name, _selectors(spec))
+    return eligibility.restrict(snapshot, spec.claim.device_class_name, left_out, memo)
 
 
 def explained(
