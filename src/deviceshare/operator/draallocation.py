@@ -146,10 +146,12 @@ async def reserve_for(
 
 
 async def prune_reserved(ctx: Context, group: state_.GroupKey, live: Iterable[str]) -> None:
-    """Members that are gone (their uids not in ``live``) leave ``reservedFor``; read only when our last copy of
-    the claim names one."""
+    """Members that are gone (their uids not in ``live``) leave ``reservedFor``. The claim is read once per term
+    (after a restart, members may have gone while nobody watched), then only when our last copy names one."""
     alive = set(live)
     claim = ctx.dra.bodies.get(group)
+    if claim is None:
+        claim = await _read(ctx, group)
     if claim is None or all(r.get("uid") in alive for r in _reserved(claim)):
         return
     for attempt in range(WRITES):
