@@ -78,6 +78,7 @@ class DraInventory:
         # A claim's selectors -> the devices of its class they match; cleared when a slice or class changes.
         self._excluded: dict[tuple[str, tuple[str, ...]], dict[str, frozenset[str]]] = {}
         self._narrowed: dict[tuple[str, tuple[str, ...]], eligibility.Narrowed] = {}  # restrict's memo per key
+        self.generation = 0  # bumped when a slice or class changes: claim selectors' answers are stale then
 
     # -- what the watches say --------------------------------------------------------------------
 
@@ -95,6 +96,7 @@ class DraInventory:
         old = self._slices.pop(name, None)
         self._excluded.clear()
         self._narrowed.clear()
+        self.generation += 1
         touched: set[str] = set()
         if old is not None and old.node:
             self._by_node.get(old.node, set()).discard(name)
@@ -120,6 +122,7 @@ class DraInventory:
         self._matches = {k: v for k, v in self._matches.items() if k[0] != name}
         self._excluded.clear()
         self._narrowed.clear()
+        self.generation += 1
         return set(self._by_node)
 
     def on_claim(self, event_type: str, body: Mapping[str, Any]) -> set[str]:
@@ -206,31 +209,50 @@ class DraInventory:
 
     def excluded(self, class_name: str, selectors: Sequence[str]) -> dict[str, frozenset[str]]:
         """Per node, the devices of the class a claim's ``selectors`` do not match (nodes where they match every
-        device are absent), evaluated once per (class, selectors) until a slice or class changes. Selectors that
-        do not compile match nothing; one that fails on a device (a missing attribute) fails that device, as
-        kube-scheduler's allocator does."""
+        device are absent), evaluated once per (class, selectors) until a slice or class changes (see
+        :meth:`excluded_work` to evaluate them off the event loop first). Selectors that do not compile match
+        nothing; one that fails on a device (a missing attribute) fails that device, as kube-scheduler's
+        allocator does."""
         key = (class_name, tuple(selectors))
         cached = self._excluded.get(key)
-        if cached is not None:
-            return cached
+        if cached is None:
+            cached = self._excluded[key] = self.excluded_work(class_name, selectors)()
+        return cached
+
+    def excluded_work(self, class_name: str, selectors: Sequence[str]) -> Callable[[], dict[str, frozenset[str]]]:
+        """The evaluation behind :meth:`excluded`, over a copy of what it reads (frozen slices and class): safe to
+        run in a worker thread while the watches change the inventory. cel-python takes milliseconds per device
+        whose attributes differ (a ``uuid`` selector: minutes at 40,000 devices): not on the event loop, whose
+        Lease renewals cannot wait that long."""
         cls = self._classes.get(class_name)
-        try:
-            compiled: deviceselectors.Selectors | None = deviceselectors.compile_selectors(list(selectors))
-        except deviceselectors.SelectorError as e:
-            logger.warning("claim selectors %s do not compile: %s", list(selectors), e)
-            compiled = None
-        found: dict[str, set[str]] = {}
-        if cls is not None:
+        slices = [(s, tuple(self._class_devices(cls, s))) for s in self._slices.values()
+                  if s.node is not None] if cls is not None else []
+
+        def work() -> dict[str, frozenset[str]]:
+            try:
+                compiled: deviceselectors.Selectors | None = deviceselectors.compile_selectors(list(selectors))
+            except deviceselectors.SelectorError as e:
+                logger.warning("claim selectors %s do not compile: %s", list(selectors), e)
+                compiled = None
             claim = DeviceClass(class_name, compiled, None)
-            for resource_slice in self._slices.values():
-                if resource_slice.node is None:
-                    continue
-                ids = set(self._class_devices(cls, resource_slice))
+            found: dict[str, set[str]] = {}
+            for resource_slice, ids in slices:
                 for device in resource_slice.devices:
                     if device.id in ids and not self._matches_class(claim, device):
-                        found.setdefault(resource_slice.node, set()).add(device.id)
-        cached = self._excluded[key] = {node: frozenset(ids) for node, ids in found.items()}
-        return cached
+                        found.setdefault(str(resource_slice.node), set()).add(device.id)
+            return {node: frozenset(ids) for node, ids in found.items()}
+
+        return work
+
+    def has_excluded(self, class_name: str, selectors: Sequence[str]) -> bool:
+        return (class_name, tuple(selectors)) in self._excluded
+
+    def keep_excluded(
+        self, class_name: str, selectors: Sequence[str], generation: int, found: dict[str, frozenset[str]]
+    ) -> None:
+        """What :meth:`excluded_work` found, kept unless a slice or class changed since ``generation``."""
+        if generation == self.generation:
+            self._excluded[(class_name, tuple(selectors))] = found
 
     def narrowed(self, class_name: str, selectors: Sequence[str]) -> eligibility.Narrowed:
         """The memo of ``core.eligibility.restrict`` for these selectors (emptied when a slice or class changes)."""

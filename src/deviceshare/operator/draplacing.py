@@ -5,6 +5,8 @@ gang, nominations) is the core's, the same as for device-plugin groups: a DRA gr
 
 from __future__ import annotations
 
+import asyncio
+
 from deviceshare.api import models
 from deviceshare.core import drareasons, eligibility, inventory, placement
 from deviceshare.core import ledger as ledgers
@@ -24,6 +26,17 @@ def refusal(spec: models.GroupSpec) -> str | None:
             return (f"spec.share[{resource}].capacity asks for {', '.join(other)}: deviceshare shares DRA devices "
                     "by memory only")
     return None
+
+
+async def prepare(ctx: Context, spec: models.GroupSpec) -> None:
+    """Before the placement's no-await stretch: the claim's selectors evaluated over every device in a worker
+    thread (``DraInventory.excluded_work``), unless known already; the decision then finds them cached."""
+    selectors = _selectors(spec)
+    if spec.claim is None or not selectors or ctx.dra.has_excluded(spec.claim.device_class_name, selectors):
+        return
+    generation = ctx.dra.generation
+    found = await asyncio.to_thread(ctx.dra.excluded_work(spec.claim.device_class_name, selectors))
+    ctx.dra.keep_excluded(spec.claim.device_class_name, selectors, generation, found)
 
 
 def excluded(ctx: Context, spec: models.GroupSpec) -> dict[str, frozenset[str]] | None:

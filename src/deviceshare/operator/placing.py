@@ -68,6 +68,7 @@ class GroupPlacer:
         if short is not None:  # a gang short of members: nothing is written, nothing held
             ctx.unschedulable[group.key] = short.message()
             return NotPlaced(short.message())
+        await draplacing.prepare(ctx, spec)  # DRA hook: claim selectors evaluated off the event loop
         budget = await quotas.read(self.quotas, ctx.api, group.key[0])  # checked after the last await
         marked = await self._ensure_finalizer(group, spec)
         if marked is None:
