@@ -52,6 +52,37 @@ async def test_demo_binds_every_example_pod_with_wired_devices(
     assert env["embed-0"]["NVIDIA_VISIBLE_DEVICES"] == env["rerank-0"]["NVIDIA_VISIBLE_DEVICES"]
 
 
+async def test_demo_with_dra_shows_the_groups_claim_and_what_the_driver_handed_over(
+    tmp_path: Path, repo_root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`deviceshare demo --dra`: the DRA group's ResourceClaim as the operator made it, and per member container
+    the CDI devices the kubelet got from the (simulated) NVIDIA driver once the claim is allocated and reserved."""
+    examples = tmp_path / "examples"
+    (examples / "dra").mkdir(parents=True)
+    shutil.copy(repo_root / "examples" / "trainer-evaluator.yaml", examples)
+    shutil.copy(repo_root / "examples" / "dra" / "training-on-dra.yaml", examples / "dra")
+    args = argparse.Namespace(
+        nodes=2, gpus=4, examples=examples, kubeconfig=tmp_path / "kubeconfig", dra=True,
+        timeout=15.0, keep_running=False,
+    )
+    rc = await demo.demo(args)
+    out = capsys.readouterr().out
+    assert "gpu-node-1: deviceshare.io/pool=dra" in out
+    (row,) = [line.split() for line in out.splitlines() if line.split()[:3] == ["ml-dra", "llm-train",
+                                                                                 "llm-train-devices"]]
+    cdi = {line.split()[1]: line.split()[3:] for line in out.splitlines() if line.startswith("ml-dra ")
+           and line.split()[2] == "train"}
+    assert sorted(cdi) == ["worker-0", "worker-1"]
+    # Until the operator allocates DRA claims (the allocation's own branch), the claim is made and pending and
+    # the workers wait; once it does, both run on gpu-node-1 with the claim's two GPUs by CDI.
+    if row[3] == "pending":
+        assert rc == 1 and all(devices[0] == "(not" for devices in cdi.values())
+    else:
+        assert rc == 0 and row[3:5] == ["allocated,reserved", "gpu-node-1"]
+        assert all(len(devices) == 2 and devices[0].startswith("k8s.gpu.nvidia.com/claim=")
+                   for devices in cdi.values())
+
+
 @pytest.fixture(scope="module")
 def pip_installed(tmp_path_factory: pytest.TempPathFactory, repo_root: Path) -> Path:
     """A virtualenv outside the checkout with deviceshare pip-installed from a wheel of it, as a user gets it.

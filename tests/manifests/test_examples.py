@@ -16,7 +16,8 @@ from deviceshare.api import envnames, models, names
 from tests.manifests import kube_objects
 
 ROOT = Path(__file__).resolve().parents[2]
-EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+# examples/dra: DRA groups (CONTRACT §13), kept apart because they need a DRA driver (`deviceshare demo --dra`)
+EXAMPLES = sorted((ROOT / "examples").glob("*.yaml")) + sorted((ROOT / "examples" / "dra").glob("*.yaml"))
 CRD = kube_objects.load_file(ROOT / "crds" / "shareddevicegroups.yaml")
 
 

@@ -1,8 +1,7 @@
 """Test helpers for groups on Dynamic Resource Allocation (CONTRACT §13), through the API as a user sees it.
 
-Where the operator's claim creation and the webhook's wiring are not what a test is about, these stand in for
-them: :func:`create_claim` makes the group's ResourceClaim ``<group>-devices`` as the operator creates it (owned
-by the group), and :func:`create_member` a pod wired to it as the webhook wires one (``spec.resourceClaims`` and
+The operator makes each group's ResourceClaim ``<group>-devices``; the webhook's wiring is not what these tests are
+about, so :func:`create_member` makes a pod wired to the claim as the webhook wires one (``spec.resourceClaims`` and
 each container's ``resources.claims``).
 """
 
@@ -22,10 +21,9 @@ DRIVER = "gpu.nvidia.com"
 
 
 async def create_dra_group(
-    kube: Kube, ns: str, name: str, count: int = 1, *, selectors: Sequence[str] = (), claim: bool = True,
-    **spec: Any,
+    kube: Kube, ns: str, name: str, count: int = 1, *, selectors: Sequence[str] = (), **spec: Any,
 ) -> dict[str, Any]:
-    """A group with ``spec.claim`` and (``claim``) its ResourceClaim, as the operator would create it."""
+    """A group with ``spec.claim`` (the operator makes its ResourceClaim)."""
     await kube.ensure_namespace(ns)
     body = {
         "apiVersion": names.API_VERSION, "kind": names.KIND, "metadata": {"name": name, "namespace": ns},
@@ -33,25 +31,7 @@ async def create_dra_group(
     }
     group: dict[str, Any] = await kube._json(kube.custom.create_namespaced_custom_object(
         names.GROUP, names.VERSION, ns, names.PLURAL, body, _preload_content=False))
-    if claim:
-        await create_claim(kube, group, count, selectors)
     return group
-
-
-async def create_claim(kube: Kube, group: Mapping[str, Any], count: int, selectors: Sequence[str] = ()) -> None:
-    md = group["metadata"]
-    exactly: dict[str, Any] = {"deviceClassName": CLASS, "count": count}
-    if selectors:
-        exactly["selectors"] = [{"cel": {"expression": s}} for s in selectors]
-    body = {
-        "apiVersion": f"{GROUP}/{VERSION}", "kind": "ResourceClaim",
-        "metadata": {"name": names.claim_name(md["name"]), "namespace": md["namespace"], "ownerReferences": [
-            {"apiVersion": names.API_VERSION, "kind": names.KIND, "name": md["name"], "uid": md["uid"],
-             "controller": True}]},
-        "spec": {"devices": {"requests": [{"name": "devices", "exactly": exactly}]}},
-    }
-    await kube._json(kube.custom.create_namespaced_custom_object(
-        GROUP, VERSION, md["namespace"], "resourceclaims", body, _preload_content=False))
 
 
 async def create_member(

@@ -3,8 +3,8 @@ completed and deleted concurrently, claim status writes that land but answer 504
 operator killed and restarted midway; a watchdog reads the sandbox store every tick.
 
 The invariant, always: no device is in two claims' allocations (a claim kube-scheduler allocated included), and
-no device in two groups' ``allocatedDevices``. The claims and the pods' wiring are made as the operator and the
-webhook make them (``tests/operator/dra.py`` does the same through the API).
+no device in two groups' ``allocatedDevices``. The operator makes the claims; the pods are wired to them as the
+webhook wires them (``tests/operator/dra.py`` does the same through the API).
 """
 
 from __future__ import annotations
@@ -65,18 +65,10 @@ class Tally:
 
 def make_group(cluster: Any, rng: random.Random, name: str) -> None:
     count = rng.choice((1, 1, 2, 3))
-    group = cluster.create({
+    cluster.create({
         "apiVersion": names.API_VERSION, "kind": names.KIND, "metadata": {"name": name, "namespace": NS},
         "spec": {"claim": {"deviceClassName": CLASS, "count": count},
                  "schedulingStrategy": rng.choice(("binpack", "spread", "fgd"))},
-    })
-    cluster.create({
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-        "metadata": {"name": names.claim_name(name), "namespace": NS, "ownerReferences": [{
-            "apiVersion": names.API_VERSION, "kind": names.KIND, "name": name,
-            "uid": group["metadata"]["uid"], "controller": True}]},
-        "spec": {"devices": {"requests": [{"name": "devices", "exactly": {"deviceClassName": CLASS,
-                                                                          "count": count}}]}},
     })
 
 

@@ -7,6 +7,12 @@ pods with the device IDs their containers will see, and the per-node device map.
 
 A Deployment's pods are made by the sandbox's small Deployment controller (through the webhook, as a
 ReplicaSet's are), named ``<deployment>-<n>``.
+
+With ``--dra`` the sandbox also runs its simulated NVIDIA DRA driver (ResourceSlices for the GPU nodes, the
+DeviceClass ``gpu.nvidia.com``) and the demo applies ``examples/dra`` as well: a DRA group (CONTRACT §13) on the node
+labelled ``deviceshare.io/pool=dra`` (the nodes dedicated to deviceshare's DRA groups). It then shows each DRA
+group's ResourceClaim (state, node, devices, reserved for) and the CDI devices the kubelet got from the driver for
+each member's containers.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ import yaml
 
 from deviceshare import errors
 from deviceshare.api import names
-from deviceshare.cli import handoverview
+from deviceshare.cli import claimview, handoverview
 from deviceshare.cli import inspect as inspect_cmd
 from deviceshare.operator.config import OperatorConfig
 
@@ -40,6 +46,7 @@ if TYPE_CHECKING:
 PACKAGED = importlib.resources.files("deviceshare") / "data"
 EXAMPLES = PACKAGED / "examples"
 ADMISSION_POLICIES = PACKAGED / "policies" / "admission-policy.yaml"
+DRA_POOL_LABEL = "deviceshare.io/pool"  # the examples' label for nodes dedicated to deviceshare's DRA groups
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -52,6 +59,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--kubeconfig", metavar="FILE", type=Path, default=Path(".sandbox/demo-kubeconfig"),
         help="where to write the demo cluster's kubeconfig (for kubectl, with --keep-running)",
+    )
+    parser.add_argument(
+        "--dra", action="store_true",
+        help="also run the simulated NVIDIA DRA driver and the DRA groups of <examples>/dra (CONTRACT §13)",
     )
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for every pod to be bound")
     parser.add_argument(
@@ -100,10 +111,13 @@ async def demo(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     out = sys.stdout
     manifests = _manifests(args.examples)  # before starting anything: a folder with no pods is refused
+    dra = bool(getattr(args, "dra", False))
+    if dra:
+        manifests += _manifests(args.examples / "dra")
     async with contextlib.AsyncExitStack() as stack:
         sandbox = await stack.enter_async_context(
             Sandbox(nodes=args.nodes, gpus=args.gpus, kubeconfig_path=args.kubeconfig.resolve(),
-                    kubelet_delay=0.2, shared_taint=True, deployments=True, intel_nodes=1)
+                    kubelet_delay=0.2, shared_taint=True, deployments=True, intel_nodes=1, dra=dra)
         )
         policies = _admission_policies()  # as a cluster installed from manifests/base runs them
         for doc in policies:
@@ -116,6 +130,11 @@ async def demo(args: argparse.Namespace) -> int:
         sandbox.patch("nodes", cdi_node, {"metadata": {"labels": {names.NODE_HANDOVER_LABEL: "cdi"}}})
         print(f"{cdi_node}: {names.NODE_HANDOVER_LABEL}=cdi (devices by CDI annotation; the others by env var)",
               file=out)
+        if dra:  # the last node: binpack fills the first ones with the other examples' groups
+            dra_node = f"gpu-node-{args.nodes - 1}"
+            sandbox.patch("nodes", dra_node, {"metadata": {"labels": {DRA_POOL_LABEL: "dra"}}})
+            print(f"{dra_node}: {DRA_POOL_LABEL}=dra (its GPUs published by the simulated NVIDIA DRA driver, "
+                  "DeviceClass gpu.nvidia.com)", file=out)
         api = await connecting.api_client(str(sandbox.kubeconfig))
         stack.push_async_callback(api.close)
 
@@ -160,6 +179,9 @@ async def demo(args: argparse.Namespace) -> int:
         print(file=out)
         _print_pods(sandbox, pods, out)
         print(file=out)
+        if dra:
+            _print_claims(sandbox, out)
+            print(file=out)
         snapshot = await inspect_cmd.read_snapshot(api, pods=False)
         inspect_cmd.render_table(inspect_cmd.device_map(snapshot.nodes, snapshot.groups), out)
         print(f"\n{len(bound)}/{len(pods)} pods bound in {time.perf_counter() - started:.1f}s", file=out)
@@ -219,6 +241,30 @@ def _print_pods(sandbox: Sandbox, pods: Sequence[tuple[str, str]], out: Any) -> 
                      (pod.get("status") or {}).get("phase", "-"),
                      handoverview.of_pod(pod).split(" ")[0] if names.POD_SELECTED_DEVICES_ANNOTATION in ann else "-",
                      " ".join(shown)))
+    inspect_cmd.print_table(rows, out)
+
+
+def _print_claims(sandbox: Sandbox, out: Any) -> None:
+    """Each DRA group's ResourceClaim as the API shows it, and the CDI devices each member's containers got from the
+    driver when the kubelet started them (none while the claim is not allocated and reserved for the pod)."""
+    claims = sorted((claimview.of_claim(c) for c in sandbox.list("resourceclaims")),
+                    key=lambda c: (c.namespace, c.group))
+    rows: list[tuple[str, ...]] = [("NAMESPACE", "GROUP", "CLAIM", "STATE", "NODE", "DEVICES", "RESERVED FOR")]
+    rows += [(c.namespace, c.group or "-", c.name, c.state, c.node or "-", ",".join(c.devices) or "-",
+              ",".join(c.reserved_for) or "-") for c in claims]
+    inspect_cmd.print_table(rows, out)
+    print(file=out)
+    rows = [("NAMESPACE", "POD", "CONTAINER", "CDI DEVICES FROM THE DRA DRIVER")]
+    started_cdi = sandbox.kubelet.started_cdi if sandbox.kubelet is not None else {}
+    for c in claims:
+        for pod in sandbox.list("pods", c.namespace):
+            if ((pod["metadata"].get("annotations") or {}).get(names.POD_GROUP_ANNOTATION)) != c.group:
+                continue
+            started = started_cdi.get((c.namespace, pod["metadata"]["name"])) or {}
+            for container in (pod.get("spec") or {}).get("containers") or []:
+                rows.append((c.namespace, pod["metadata"]["name"], container["name"],
+                             " ".join(started.get(container["name"], ())) or "(not started: claim not allocated "
+                             "and reserved for it yet)"))
     inspect_cmd.print_table(rows, out)
 
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from deviceshare.api import names
-from deviceshare.cli import capacityhints, handoverview, linkview
+from deviceshare.cli import capacityhints, claimview, handoverview, linkview
 from deviceshare.cli import inspect as inspect_
 from deviceshare.core import inventory, reasons
 
@@ -41,6 +41,7 @@ class Facts:
     group: dict[str, Any] | None
     events: list[dict[str, Any]]
     snapshot: inspect_.Snapshot
+    claim: dict[str, Any] | None = None  # a DRA group's ResourceClaim (CONTRACT §13), as the API shows it
 
 
 def split_reasons(message: str) -> dict[str, int]:
@@ -232,6 +233,8 @@ def explain(facts: Facts) -> list[str]:
         if node_info is not None:
             for text in linkview.group_links(node_info.topology, status.get("allocatedDevices") or {}):
                 lines.append(f"  devices {text}")
+        if (group.get("spec") or {}).get("claim"):
+            lines.append(claimview.describe(facts.claim, ns, group_name))
         for c in status.get("conditions") or []:
             lines.append(f"  condition {c.get('type')}={c.get('status')} ({c.get('reason', '')}): "
                          f"{c.get('message', '')}")
@@ -292,7 +295,9 @@ async def read_facts(api: k8s.ApiClient, namespace: str, pod_name: str) -> Facts
     uid = (pod.get("metadata") or {}).get("uid")
     mine = [e for e in events.get("items") or []
             if not uid or (e.get("involvedObject") or {}).get("uid") in (None, uid)]
-    return Facts(pod, group, mine, snapshot)
+    claim = await claimview.read_claim(api, namespace, group_name) if ((group or {}).get("spec") or {}).get(
+        "claim") and group_name else None
+    return Facts(pod, group, mine, snapshot, claim)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

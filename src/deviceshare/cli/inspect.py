@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TextIO
 
 from deviceshare.api import names, quantities
-from deviceshare.cli import handoverview, linkview, shareview, waitingview
+from deviceshare.cli import claimview, handoverview, linkview, shareview, waitingview
 from deviceshare.core import capacity, inventory
 from deviceshare.core import topology as topologies
 
@@ -326,29 +326,32 @@ async def inspect(
     kubeconfig: str | None, *, context: str | None = None, only: Sequence[str] | None = None
 ) -> tuple[list[NodeDevices], list[waitingview.Waiting]]:
     """The device map (of ``only`` these nodes), and the groups that wait (all of them, with why)."""
-    nodes, waiting, _ = await _inspect(kubeconfig, context=context, only=only, members=False)
+    nodes, waiting, _, _ = await _inspect(kubeconfig, context=context, only=only, members=False)
     return nodes, waiting
 
 
 async def _inspect(
     kubeconfig: str | None, *, context: str | None, only: Sequence[str] | None, members: bool
-) -> tuple[list[NodeDevices], list[waitingview.Waiting], list[handoverview.PodHandover]]:
-    """:func:`inspect`, and with ``members`` each bound member pod's hand-over (CONTRACT §12)."""
+) -> tuple[list[NodeDevices], list[waitingview.Waiting], list[handoverview.PodHandover],
+           list[claimview.GroupClaim]]:
+    """:func:`inspect`, and with ``members`` each bound member pod's hand-over (CONTRACT §12) and the DRA groups'
+    claims (CONTRACT §13)."""
     from deviceshare.kube import connecting
 
     async with await connecting.api_client(kubeconfig, context=context) as api:
         snap = await read_snapshot(api, pods=False)
         pods = (await get_json(api, handoverview.MEMBER_PODS_PATH)).get("items") or [] if members else []
+        claims = await claimview.read_claims(api) if members else []
     nodes = device_map(snap.nodes, snap.groups)
     return ([n for n in nodes if not only or n.name in only], waitingview.waiting(snap.groups),
-            handoverview.bound_members(pods, only))
+            handoverview.bound_members(pods, only), [c for c in claims if not only or c.node in only])
 
 
 def run(args: argparse.Namespace) -> int:
     from deviceshare.kube import rest
 
     try:
-        nodes, waiting, members = asyncio.run(
+        nodes, waiting, members, claims = asyncio.run(
             _inspect(args.kubeconfig, context=args.context, only=args.node, members=True))
     except rest.ApiError as e:
         print(f"deviceshare inspect: {e}", file=sys.stderr)
@@ -361,10 +364,12 @@ def run(args: argparse.Namespace) -> int:
         return 1
     if args.output == "json":
         json.dump({**to_json(nodes), "waiting": waitingview.to_json(waiting),
-                   "handovers": handoverview.to_json(members)}, sys.stdout, indent=2)
+                   "handovers": handoverview.to_json(members), "claims": claimview.to_json(claims)},
+                  sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         render_table(nodes, sys.stdout)
         handoverview.render(members, sys.stdout)
+        claimview.render(claims, sys.stdout)
         waitingview.render(waiting, sys.stdout)
     return 0

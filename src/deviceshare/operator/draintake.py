@@ -26,11 +26,11 @@ from deviceshare.core import ledger as ledgers
 
 from . import drainventory, storage
 from . import state as state_
-from .storage import claimwrites
+from .storage import drastatus
 
 logger = logging.getLogger(__name__)
 
-KINDS = (claimwrites.SLICES, claimwrites.CLASSES, claimwrites.CLAIMS)
+KINDS = (drastatus.SLICES, drastatus.CLASSES, drastatus.CLAIMS)
 
 
 @dataclasses.dataclass
@@ -53,7 +53,7 @@ async def list_all(api: storage.ClusterApi) -> Listed:
 
 def fill(dra: drainventory.DraInventory, listed: Listed) -> None:
     """Classes first (a slice's devices are matched against them), then slices, then claims."""
-    for kind in (claimwrites.CLASSES, claimwrites.SLICES, claimwrites.CLAIMS):
+    for kind in (drastatus.CLASSES, drastatus.SLICES, drastatus.CLAIMS):
         dra.replace(kind, listed.bodies.get(kind, ()))
 
 
@@ -106,8 +106,8 @@ class DraFeed:
 
     def apply(self, event_type: str, obj: Mapping[str, Any]) -> None:
         dra = self._dra()
-        on = {claimwrites.SLICES: dra.on_slice, claimwrites.CLASSES: dra.on_class,
-              claimwrites.CLAIMS: dra.on_claim}[self.kind]
+        on = {drastatus.SLICES: dra.on_slice, drastatus.CLASSES: dra.on_class,
+              drastatus.CLAIMS: dra.on_claim}[self.kind]
         self._refresh(on(event_type, obj))
 
     def replace(self, objects: list[Mapping[str, Any]], resource_version: str | None = None) -> None:

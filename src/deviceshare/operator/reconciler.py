@@ -28,7 +28,7 @@ from deviceshare.api import names
 from deviceshare.core import ledger as ledgers
 from deviceshare.core import nominations
 
-from . import draallocation, statuses, storage
+from . import draallocation, draclaims, statuses, storage
 from . import state as state_
 from .context import Context
 from .queueing import ReconcileQueue
@@ -55,6 +55,7 @@ class GroupReconciler:
         self._pod_read = pods.pod_read  # a member re-read from the API (None: it no longer exists)
         self._waiting_since: dict[state_.GroupKey, float] = {}  # groups whose release waits on members
         self._new_groups: dict[state_.GroupKey, float] = {}  # first seen, for groups with no status yet
+        self._claims = draclaims.GroupClaims(ctx, queue.request_later)  # DRA groups' ResourceClaims (CONTRACT §13)
 
     async def run(self, *, released: Callable[[], object]) -> None:
         """Reconcile due groups until cancelled, retrying failures with backoff (see reconcileloop.py)."""
@@ -96,9 +97,12 @@ class GroupReconciler:
 
         if group is None:
             self._new_groups.pop(gkey, None)
+            if allocation is not None and not on_devices:  # DRA hook: the claim's allocation cleared first
+                await self._release_claim(None, gkey, allocation)
+            if self._claims.known(gkey):  # someone else removed its finalizer: its claim goes once nothing holds it
+                await self._claims.release(gkey)
             # Gone from the API (its finalizer removed by someone else): still never free devices under a pod.
             if allocation is not None and not on_devices:
-                await self._release_claim(None, gkey, allocation)
                 ctx.ledger.release(gkey)
                 ctx.metrics.group_on_unhealthy(gkey, False)
                 self._forget_conflicts(gkey)
@@ -113,9 +117,12 @@ class GroupReconciler:
             if on_devices:
                 await self._write_status(group, phase=names.PHASE_RELEASING)
                 return False
+            # DRA: the claim's reservedFor and allocation cleared (draallocation), then the claim deleted (draclaims).
+            await self._release_claim(group, gkey, allocation)
+            if draclaims.may_have_claim(group, self._claims) and not await self._claims.release(gkey):
+                return False  # its ResourceClaim first: still allocated or reserved, looked at again shortly
             # The API stops showing the claim once our finalizer is gone; only then may the ledger
             # give the devices to someone else (status/API first, ledger second, as everywhere).
-            await self._release_claim(group, gkey, allocation)
             if names.GROUP_FINALIZER in group.finalizers:
                 await self._set_finalizers(group, [f for f in group.finalizers if f != names.GROUP_FINALIZER])
             released = ctx.ledger.release(gkey) is not None
@@ -128,6 +135,7 @@ class GroupReconciler:
 
         if names.GROUP_FINALIZER not in group.finalizers:
             group = await self._set_finalizers(group, [*group.finalizers, names.GROUP_FINALIZER])
+        group = await self._claims.ensure(group)  # a DRA group's ResourceClaim, placed or not
 
         victim = self._victim(gkey, allocation, bool(on_devices))
         if victim is not None and not on_devices:

@@ -7,7 +7,8 @@ The aiohttp server, TLS and the watch-backed cache live in other modules, and th
 
 A pod that names a group is mutated to (1) use the deviceshare scheduler, (2) carry the group
 label, (3) read each visibility env var of the group's resource types from the downward API, and
-(4) tolerate the shared-node taint (which the admission policy allows members only).
+(4) tolerate the shared-node taint (which the admission policy allows members only); a member of a DRA group
+(CONTRACT §13) gets the group's ResourceClaim instead of env vars (:mod:`claimwiring`).
 The patch only adds what is missing, so a reinvoked pod yields an empty patch; an env var that is
 already present with exactly our ``valueFrom`` counts as present. Everything else the contract
 forbids is denied with a message that names the container and the variable or resource at fault; those
@@ -29,7 +30,7 @@ from typing import Any, Protocol
 from deviceshare.api import envnames, models, names
 from deviceshare.core import capacity, placement
 from deviceshare.core import members as member_rules
-from deviceshare.webhooks import mpsclients, reviews
+from deviceshare.webhooks import claimwiring, mpsclients, reviews
 
 RETRY_MESSAGE = "deviceshare webhook is still loading groups; retry the pod creation"
 
@@ -172,6 +173,7 @@ def mutate(
 
     env = visibility_env(group, env_names)
     problem = next(member_rules.conflicts(member_rules.container_facts(spec), group.resources, env), None)
+    problem = problem or claimwiring.problem(spec, group_name, group)
     if problem:
         return deny(problem)
     if group.max_members:
@@ -188,6 +190,8 @@ def mutate(
         if mps_problem:
             return deny(mps_problem)
     patch = list(_patch(pod, group_name, env, scheduler_name))
+    if group.is_dra:
+        patch += claimwiring.patch(spec, group_name, pointer)
     if enforced:
         assert mps is not None
         patch += mpsclients.patch(pod, mps, pointer)

@@ -134,6 +134,9 @@ def check_pod(pod: Mapping[str, Any], at: Path = ("request", "object")) -> None:
     for i, toleration in _objects(spec, "tolerations", spec_at):
         for key in ("key", "operator", "effect"):
             _string(toleration, key, (*spec_at, "tolerations", i))
+    for i, claim in _objects(spec, "resourceClaims", spec_at):
+        for key in ("name", "resourceClaimName", "resourceClaimTemplateName"):
+            _string(claim, key, (*spec_at, "resourceClaims", i))
     for list_name in ("initContainers", "containers"):
         for i, container in _objects(spec, list_name, spec_at):
             _check_container(container, (*spec_at, list_name, i))
@@ -150,6 +153,9 @@ def _check_container(container: Mapping[str, Any], at: Path) -> None:
         for key in ("fieldPath", "apiVersion"):
             _string(field_ref, key, (*entry_at, "valueFrom", "fieldRef"))
     resources = _object(container, "resources", at)
+    for j, claim in _objects(resources, "claims", (*at, "resources")):
+        for key in ("name", "request"):
+            _string(claim, key, (*at, "resources", "claims", j))
     for section in ("limits", "requests"):
         listed = _object(resources, section, (*at, "resources"))
         for name, quantity in listed.items():

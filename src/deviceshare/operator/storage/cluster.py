@@ -21,7 +21,7 @@ from deviceshare.kube import watching
 from .. import readback
 from .. import state as state_
 from ..readback import Seen
-from . import claimwrites
+from . import drastatus
 from .errors import READ_BACK_TRIES, Conflict, Gone, TooManyRequests, Uncertain
 from .eventwrites import EventWrites
 from .transport import (
@@ -39,10 +39,10 @@ from .transport import (
 logger = logging.getLogger(__name__)
 
 
-class ClusterApi(claimwrites.ClaimWrites, EventWrites):
+class ClusterApi(drastatus.DraReads, EventWrites):
     """Every read the operator makes outside its watches, and every write (lists of nodes, pods and groups: see
-    :class:`.listing.Collections`; ResourceClaims, slices and classes: :class:`.claimwrites.ClaimWrites`; Events:
-    :class:`.eventwrites.EventWrites`)."""
+    :class:`.listing.Collections`; Events: :class:`.eventwrites.EventWrites`; a DRA group's ResourceClaim object:
+    :class:`.draclaims.ClaimWrites`; the DRA watches and a claim's status: :class:`.drastatus.DraReads`)."""
 
     def node_reflector(self, sink: watching.Sink, *, resume_from: str | None = None) -> watching.Reflector:
         """A list+watch of every node, feeding ``sink`` (``resume_from``: see :class:`watching.Reflector`)."""

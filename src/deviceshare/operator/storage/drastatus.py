@@ -1,6 +1,7 @@
 """Dynamic Resource Allocation (``resource.k8s.io/v1``, CONTRACT §13): the watches of ResourceSlices, DeviceClasses
-and ResourceClaims, their lists for a rebuild, and the operator's one write to a claim, its ``status`` (allocation
-and ``reservedFor``, as kube-scheduler writes them: KEP-4381).
+and ResourceClaims, their lists for a rebuild, and the write of a claim's ``status`` (allocation and
+``reservedFor``, as kube-scheduler writes them: KEP-4381). The claim object itself (create, finalizers, delete,
+read) is ``draclaims.py``'s.
 
 A claim status write is conditional on the resourceVersion it was computed from (409: read again, decide again);
 a lost answer is read back (``readback.claim_status``) and sent again only while the claim still shows the version
@@ -19,20 +20,17 @@ from deviceshare.kube import watching
 
 from .. import readback
 from ..readback import Seen
+from .draclaims import ClaimWrites, claim_path
 from .errors import READ_BACK_TRIES, Conflict, Gone, Uncertain
 from .listing import Body, Collections, T
-from .transport import MERGE_PATCH, _segment
+from .transport import MERGE_PATCH
 
 GROUP, VERSION = "resource.k8s.io", "v1"
 SLICES, CLASSES, CLAIMS = "resourceslices", "deviceclasses", "resourceclaims"
 ClaimKey = tuple[str, str]
 
 
-def claim_path(key: ClaimKey) -> str:
-    return f"/apis/{GROUP}/{VERSION}/namespaces/{_segment(key[0])}/{CLAIMS}/{_segment(key[1])}"
-
-
-class ClaimWrites(Collections):
+class DraReads(Collections, ClaimWrites):
     def dra_reflector(self, plural: str, sink: watching.Sink, *, resume_from: str | None = None) -> watching.Reflector:
         """A list+watch of every object of ``plural`` (``resourceslices``, ``deviceclasses``, ``resourceclaims``
         in all namespaces), feeding ``sink``."""
@@ -48,14 +46,6 @@ class ClaimWrites(Collections):
     async def list_dra(self, plural: str, transform: Callable[[Body], T]) -> watching.Listing[T]: ...
     async def list_dra(self, plural: str, transform: Callable[[Body], Any] | None = None) -> watching.Listing[Any]:
         return await self._list(f"/apis/{GROUP}/{VERSION}/{plural}", f"list {plural}", transform)
-
-    async def read_claim(self, key: ClaimKey) -> dict[str, Any] | None:
-        """The claim as the API shows it now; None if it does not exist."""
-        try:
-            data: dict[str, Any] = await self._call("GET", claim_path(key), f"get resourceclaim {key[0]}/{key[1]}")
-        except Gone:
-            return None
-        return data
 
     async def patch_claim_status(
         self, key: ClaimKey, status: Mapping[str, Any], *, uid: str, resource_version: str
