@@ -7,11 +7,14 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from deviceshare.core import deviceselectors, dradevices
 from deviceshare.core.deviceselectors import SelectorError, SelectorRuntimeError, compile_selectors
 
 NV = "gpu.nvidia.com"
+compile_selectors(["true"])  # celpy raises the recursion limit on first use: not inside hypothesis
 
 
 def nvidia_gpu(node: str, minor: int, product: str = "NVIDIA H100 80GB HBM3", memory: str = "80Gi",
@@ -132,6 +135,10 @@ def test_comparing_a_string_attribute_with_an_int_is_false_not_an_error() -> Non
      "found no matching overload for '_>_' applied to '(kubernetes.Quantity, kubernetes.Quantity)'"),
     ("device.attributes['gpu.nvidia.com'].productName.startsWith('NVIDIA H'", "Syntax error"),
     ("", "the expression is empty"),
+    ("(" * 3000 + "true" + ")" * 3000, "nested too deeply"),
+    # Kubernetes' base environment has these; this engine refuses them instead of answering differently
+    ("device.attributes['gpu.nvidia.com'].all(k, v, v != '')", "found no matching overload for 'all'"),
+    ("sets.contains([1, 2], [1])", "undeclared reference to 'sets'"),
 ])
 def test_what_the_api_server_refuses_is_refused_with_its_reason(expression: str, problem: str) -> None:
     with pytest.raises(SelectorError) as refused:
@@ -149,6 +156,10 @@ def test_the_error_points_at_the_offending_field() -> None:
         " | device.attributes['x'].y && device.flavour == 'z'",
         " | ..................................^",
     ]
+    with pytest.raises(SelectorError) as refused:
+        compile_selectors(["device.driver  == 1"])
+    assert refused.value.detail.splitlines()[0] == (
+        "compilation failed: ERROR: <input>:1:16: found no matching overload for '_==_' applied to '(string, int)'")
 
 
 def test_alike_devices_cost_one_evaluation_and_different_ones_their_own() -> None:
@@ -188,6 +199,95 @@ def test_no_selectors_match_every_device() -> None:
     assert compile_selectors([]).matches(H100) is True
 
 
+def test_a_device_class_and_a_request_as_the_api_holds_them() -> None:
+    device_class = {"spec": {"selectors": [{"cel": {"expression": REAL_SELECTORS[0][1]}}]}}
+    request = {"name": "devices", "exactly": {"deviceClassName": NV, "count": 2, "selectors": [
+        {"cel": {"expression": "device.attributes['gpu.nvidia.com'].productName.startsWith('NVIDIA H')"}}]}}
+    selectors = (deviceselectors.compile_api_selectors(device_class["spec"]["selectors"])
+                 + deviceselectors.compile_api_selectors(request["exactly"].get("selectors")))
+    assert [selectors.matches(d) for d in (H100, A100_40, MIG, EXAMPLE)] == [True, False, False, False]
+    assert deviceselectors.compile_api_selectors(None).matches(EXAMPLE) is True
+    with pytest.raises(SelectorError, match=r"selectors\[1\]\.cel\.expression: Required value"):
+        deviceselectors.compile_api_selectors([{"cel": {"expression": "true"}}, {"cel": {}}])
+
+
 def test_one_string_is_not_a_list_of_expressions() -> None:
     with pytest.raises(TypeError):
         compile_selectors("device.driver == 'x'")  # type: ignore[arg-type]
+
+
+LANGUAGE_DEVICE = dradevices.parse_slice_device(NV, "n", {"name": "g", "attributes": {
+    "p": {"string": "NVIDIA H100"}, "i": {"int": 3}, "v": {"version": "1.2.3"}, "l": {"ints": [3, 1, 2]}},
+    "capacity": {"memory": {"value": "80Gi"}}})
+
+
+@pytest.mark.parametrize("expression", [
+    # cel-go's cross-type numeric comparisons and heterogeneous equality (celpy alone refuses int vs uint/double)
+    "d.i == 3u", "d.i == 3.0", "d.i < 3.5", "d.i != 'three'",
+    # values celpy computes come back as plain Python values: still strings, lists, ints
+    "'x' + d.p == 'xNVIDIA H100'", "d.p.split(' ')[1] == 'H100'", "[1, 2].map(x, x * 2)[1] == 4",
+    "type(d.i) == int", "type(d.p) != int", "duration('1s') < duration('2s')", "dyn(d.i) == 3",
+    "matches(d.p, '^NV')", "size(d.p) == 11", "d.p.size() == 11", "string(d.i) == '3'", "int('3') == d.i",
+    # ext strings, k8s lists and regex libraries
+    "d.p.lowerAscii() == 'nvidia h100'", "d.p.upperAscii() == 'NVIDIA H100'", "d.p.substring(0, 6) == 'NVIDIA'",
+    "d.p.indexOf('H') == 7", "d.p.lastIndexOf('1') == 8", "d.p.charAt(0) == 'N'",
+    "d.p.replace('H', 'A') == 'NVIDIA A100'",
+    "' x '.trim() == 'x'", "['a', 'b'].join('-') == 'a-b'", "'abc'.reverse() == 'cba'", "d.p.find('H[0-9]+') == 'H100'",
+    "d.p.findAll('[0-9]').size() == 3", "d.l.max() == 3 && d.l.min() == 1 && d.l.sum() == 6 && !d.l.isSorted()",
+    "d.l.indexOf(1) == 1", "3 in d.l", "d.l.includes(2)",
+    # quantity and semver
+    "m.asInteger() == 85899345920", "m.add(quantity('1Gi')).isGreaterThan(quantity('80Gi'))", "m == quantity('80Gi')",
+    "m.sub(1).isLessThan(quantity('80Gi'))", "m.sign() == 1", "quantity('1.5Gi').isInteger()",
+    "!quantity('0.5').isInteger()",
+    "isQuantity('1,5') == false", "m.asApproximateFloat() > 8.5e10", "m.mul(2).compareTo(quantity('160Gi')) == 0",
+    "d.v == semver('1.2.3')", "d.v.minor() == 2 && d.v.patch() == 3", "d.v.isLessThan(semver('1.10.0'))",
+    "semver('1.0.0-rc.1').isLessThan(semver('1.0.0'))", "isSemver('v1.0') == false", "isSemver('v1.0', true)",
+])
+def test_the_language_as_kubernetes_cel_has_it(expression: str) -> None:
+    memory = "device.capacity['gpu.nvidia.com'].memory"
+    full = expression.replace("d.", "device.attributes['gpu.nvidia.com'].").replace("m.", f"{memory}.").replace(
+        "m ==", f"{memory} ==")
+    assert compile_selectors([full]).matches(LANGUAGE_DEVICE) is True, full
+
+
+def test_the_optional_field_syntax_is_not_supported_yet() -> None:
+    # Kubernetes' CEL has optional types (`.?field`, orValue); cel-python 0.5 cannot parse them. A selector using
+    # them is refused with a syntax error rather than run differently.
+    with pytest.raises(SelectorError, match="Syntax error"):
+        compile_selectors(["device.attributes['gpu.nvidia.com'].?uuid.orValue('') != ''"])
+
+
+_CACHED_EXPRESSIONS = [
+    "device.attributes['gpu.nvidia.com'].x == 1",
+    "device.attributes['gpu.nvidia.com'].x == true || device.attributes['gpu.nvidia.com'].y.startsWith('a')",
+    "has(device.attributes['gpu.nvidia.com'].x) && "
+    "device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('1Gi')) > 0",
+    "cel.bind(a, device.attributes['gpu.nvidia.com'], 'x' in a && a.x != 0)",
+    "device.attributes.exists(d, d == 'other.example.com') || device.allowMultipleAllocations",
+    "device.attributes['other.example.com'].z.isGreaterThan(semver('1.0.0'))",
+]
+_VALUES = st.one_of(st.booleans(), st.integers(-2, 2), st.sampled_from(["a", "b", "ab", ""]),
+                    st.sampled_from([{"version": "1.0.0"}, {"version": "2.0.0"}]))
+
+
+def _attribute(value: Any) -> dict[str, Any]:
+    if isinstance(value, dict):
+        return value
+    return {"bool": value} if isinstance(value, bool) else {"int": value} if isinstance(value, int) else \
+        {"string": value}
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.dictionaries(st.sampled_from(["x", "y", "other.example.com/z"]), _VALUES, max_size=3),
+       st.sampled_from([None, "512Mi", "2Gi"]), st.booleans())
+def test_a_cached_verdict_is_the_verdict_of_a_fresh_evaluation(
+    attributes: dict[str, Any], memory: str | None, shared: bool
+) -> None:
+    """The cache keys on what an expression reads: whatever devices came before, the answer for this one is the
+    answer of evaluating it from scratch (the same bool, or the same run-time error)."""
+    device = dradevices.parse_slice_device(NV, "pool", {
+        "name": "d", "attributes": {k: _attribute(v) for k, v in attributes.items()},
+        "capacity": {"memory": {"value": memory}} if memory else {}, "allowMultipleAllocations": shared})
+    for expression in _CACHED_EXPRESSIONS:
+        program = compile_selectors([expression]).programs[0]
+        assert program.verdict(device) == program._evaluate(device), expression

@@ -18,6 +18,10 @@ From the real source (kubernetes/kubernetes, 2026):
   the functions cel-python lacks, in ``dracel`` / ``dracellib``.
 
 Not modelled: CEL cost limits (``CELSelectorExpressionMaxCost``); the length limit is the API's validation.
+Not supported, and refused at compile time rather than run differently: optional types (``.?field``,
+``orValue``: cel-python cannot parse them), two-variable comprehensions (``all(k, v, ...)``) and the ``sets``,
+``url``, ``ip``, ``cidr`` and ``format`` libraries of Kubernetes' base environment, none of which DRA drivers'
+examples use.
 
 Speed: cel-python interprets its parse tree, about 1-2 ms per evaluation. An expression only sees the parts of
 ``device`` it names (``device.attributes['gpu.nvidia.com'].productName``), so its verdicts are cached by
@@ -30,11 +34,12 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
+import operator
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from deviceshare.core import dradevices, selectorchecks
+from deviceshare.core import dradevices, selectorchecks, selectortrees
 from deviceshare.core.dradevices import SliceDevice
 from deviceshare.core.dravalues import Quantity, Version
 
@@ -97,6 +102,20 @@ def compile_selectors(expressions: Sequence[str]) -> Selectors:
     return Selectors(tuple(_compile(e) for e in expressions))
 
 
+def compile_api_selectors(items: Sequence[Mapping[str, Any]] | None) -> Selectors:
+    """The ``selectors`` list of a DeviceClass spec or of a request's ``exactly`` as the API holds it
+    (``[{cel: {expression: ...}}]``); :class:`SelectorError` for an entry without an expression, or one that
+    does not compile."""
+    expressions = []
+    for i, item in enumerate(items or ()):
+        cel = item.get("cel") if isinstance(item, Mapping) else None
+        expression = cel.get("expression") if isinstance(cel, Mapping) else None
+        if not isinstance(expression, str):
+            raise SelectorError("", f"selectors[{i}].cel.expression: Required value")
+        expressions.append(expression)
+    return compile_selectors(expressions)
+
+
 NO_SELECTORS = Selectors(())
 
 
@@ -118,8 +137,8 @@ def _functions() -> dict[str, Any]:
         **dracel.QUANTITY_AND_SEMVER, **dracellib.STRINGS_LISTS_REGEX,
         "_==_": dracel.equal, "_!=_": dracel.not_equal, "_iterable": dracel.iterable,
         "_&&_": dracel.logical_and, "_||_": dracel.logical_or,
-        "_<_": dracel._ordering("_<_", lambda c: c < 0), "_<=_": dracel._ordering("_<=_", lambda c: c <= 0),
-        "_>_": dracel._ordering("_>_", lambda c: c > 0), "_>=_": dracel._ordering("_>=_", lambda c: c >= 0),
+        "_<_": dracel.ordering("_<_", lambda c: c < 0), "_<=_": dracel.ordering("_<=_", lambda c: c <= 0),
+        "_>_": dracel.ordering("_>_", lambda c: c > 0), "_>=_": dracel.ordering("_>=_", lambda c: c >= 0),
     }
 
 
@@ -134,12 +153,17 @@ def _compile(expression: str) -> _Program:
         tree = env.compile(expression)
     except celpy.celparser.CELParseError as e:
         raise SelectorError(expression, _syntax_error(expression, e)) from None
+    except RecursionError:
+        raise SelectorError(expression, _compile_error(expression, "expression nested too deeply", 1, 0)) from None
     try:
-        tree = _rewrite_bind(tree)
+        tree = selectortrees.rewrite_bind(tree)
         selectorchecks.check(tree)
+    except RecursionError:
+        raise SelectorError(expression, _compile_error(expression, "expression nested too deeply", 1, 0)) from None
     except selectorchecks.Problem as e:
         raise SelectorError(expression, _compile_error(expression, e.message, e.line, e.column)) from None
-    return _Program(expression, env.program(_guard_macros(tree), functions=_functions()), _device_reads(tree))
+    return _Program(expression, env.program(selectortrees.guard_macros(tree), functions=_functions()),
+                    selectortrees.device_reads(tree))
 
 
 def _compile_error(expression: str, message: str, line: int, column: int) -> str:
@@ -154,7 +178,7 @@ def _syntax_error(expression: str, e: Any) -> str:
 
 # -- evaluating ---------------------------------------------------------------------------------------------------
 
-Path = tuple[str, ...]
+Path = selectortrees.Path
 _ABSENT = ("absent",)
 
 
@@ -165,12 +189,13 @@ class _Program:
         self.expression = expression
         self.runner = runner
         self.reads = reads  # None: the expression sees the whole device
+        self.projectors = None if reads is None else tuple(_projector(p) for p in reads)
         self.memo: collections.OrderedDict[Any, bool | str] = collections.OrderedDict()
         self.evaluations = 0
 
     def verdict(self, device: SliceDevice) -> bool | str:
         """True/False, or the run-time error's reason."""
-        key = device if self.reads is None else tuple(_project(device, p) for p in self.reads)
+        key = device if self.projectors is None else tuple(project(device) for project in self.projectors)
         found = self.memo.get(key)
         if found is not None:
             return found
@@ -220,125 +245,37 @@ def _reason(error: Exception) -> str:
 
 def _tagged(value: Any) -> Any:
     """A value with its type, so that True and 1 (equal in Python) stay apart in a cache key."""
-    if isinstance(value, tuple):
-        return ("list", tuple(_tagged(v) for v in value))
-    if isinstance(value, dradevices.DeviceCapacity):
-        return ("Quantity", value.value)
-    return (type(value).__name__, value)
+    kind = type(value)
+    if kind is tuple:
+        return (kind, tuple(_tagged(v) for v in value))
+    if kind is dradevices.DeviceCapacity:
+        return (Quantity, value.value)
+    return (kind, value)
 
 
-def _project(device: SliceDevice, path: Path) -> Any:
-    """What an expression reading ``device.<path>`` sees of this device."""
+def _projector(path: Path) -> Callable[[SliceDevice], Any]:
+    """What an expression reading ``device.<path>`` sees of a device, as a function of the device."""
     head = path[0]
     if head == "driver":
-        return ("string", device.driver)
+        return operator.attrgetter("driver")
     if head == "allowMultipleAllocations":
-        return ("bool", device.allow_multiple_allocations)
+        return operator.attrgetter("allow_multiple_allocations")
     if head not in ("attributes", "capacity"):
-        return _ABSENT
-    values = device.attributes if head == "attributes" else device.capacity
+        return lambda device: _ABSENT  # a field cel-go's checker refused already
+    values = operator.attrgetter(head)
     if len(path) == 1:
-        return tuple(sorted((k, _tagged(v)) for k, v in values.items()))
+        return lambda device: tuple(sorted((k, _tagged(v)) for k, v in values(device).items()))
     if len(path) == 2:
         prefix = path[1] + "/"
-        return tuple(sorted((k, _tagged(v)) for k, v in values.items() if k.startswith(prefix)))
+        return lambda device: tuple(sorted((k, _tagged(v)) for k, v in values(device).items()
+                                           if k.startswith(prefix)))
     name = f"{path[1]}/{path[2]}"
-    return _tagged(values[name]) if name in values else _ABSENT
 
-
-# -- reading the tree ---------------------------------------------------------------------------------------------
-
-
-def _parents(tree: Any) -> dict[int, Any]:
-    parents: dict[int, Any] = {}
-    stack = [tree]
-    while stack:
-        node = stack.pop()
-        for child in getattr(node, "children", ()):
-            if hasattr(child, "data"):
-                parents[id(child)] = node
-                stack.append(child)
-    return parents
-
-
-def _device_reads(tree: Any) -> tuple[Path, ...] | None:
-    """Every ``device.a.b['c']`` chain the expression has, cut before anything that is not a constant field or
-    key; None when it uses ``device`` whole or rebinds the name."""
-    parents, paths = _parents(tree), set()
-    for node in tree.iter_subtrees():
-        if str(node.data) == "member_dot_arg" and str(node.children[1]) in selectorchecks.MACROS:
-            args = [c for c in node.children[2:] if hasattr(c, "data")]
-            if args and any(selectorchecks._ident_name(a) == "device" for a in args[0].children):
-                return None
-        if str(node.data) != "ident" or str(node.children[0]) != "device":
-            continue
-        path: list[str] = []
-        current = parents[id(parents[id(node)])]  # primary -> member
-        while True:
-            parent = parents.get(id(current))
-            if parent is None or parent.children[0] is not current:
-                break
-            if str(parent.data) == "member_dot":
-                path.append(str(parent.children[1]))
-            elif str(parent.data) == "member_index":
-                key = selectorchecks.string_literal(parent.children[1])
-                if key is None:
-                    break
-                path.append(key)
-            else:
-                break
-            current = parents[id(parent)]
-        if not path:
-            return None
-        paths.add(tuple(path))
-    return tuple(sorted(paths))
-
-
-def _rewrite_bind(tree: Any) -> Any:
-    """``cel.bind(v, init, body)`` -> ``[init].map(v, body)[0]``: the same value, in macros celpy runs."""
-    for node in list(tree.iter_subtrees()):
-        if str(node.data) != "member_dot_arg" or str(node.children[1]) != "bind":
-            continue
-        if selectorchecks._ident_name(node.children[0]) != "cel":
-            continue
-        args = [c for c in node.children[2].children if hasattr(c, "data")] if len(node.children) > 2 else []
-        if len(args) != 3 or selectorchecks._ident_name(args[0]) is None:
-            raise selectorchecks.Problem("cel.bind() needs a variable name, an initial value and an expression",
-                                         node)
-        token = node.children[1]
-        make = functools.partial(_node, type(node), node.meta)
-        listed = make("member", make("primary", make("list_lit", make("exprlist", args[1]))))
-        mapped = make("member_dot_arg", listed, token.update(value="map"), make("exprlist", args[0], args[2]))
-        zero = _expr(make, make("primary", make("literal", type(token)("INT_LIT", "0"))))
-        node.data, node.children = type(node.data)("RULE", "member_index"), [make("member", mapped), zero]
-    return tree
-
-
-def _expr(make: Any, primary: Any) -> Any:
-    """A whole expression tree around one ``primary`` node."""
-    node = primary
-    for rule in ("member", "unary", "multiplication", "addition", "relation", "conditionaland", "conditionalor",
-                 "expr"):
-        node = make(rule, node)
-    return node
-
-
-def _guard_macros(tree: Any) -> Any:
-    """``r.exists(x, ...)`` -> ``_iterable(r).exists(x, ...)``: cel-go fails a macro on a scalar (``got
-    'types.String', expected iterable type``); celpy would iterate a string's characters."""
-    for node in list(tree.iter_subtrees()):
-        if str(node.data) != "member_dot_arg" or str(node.children[1]) not in selectorchecks.MACROS:
-            continue
-        make = functools.partial(_node, type(node), node.meta)
-        name = type(node.children[1])("IDENT", "_iterable")
-        wrapped = make("primary", make("ident_arg", name, make("exprlist", _expr(make, node.children[0]))))
-        node.children[0] = make("member", wrapped)
-    return tree
-
-
-def _node(tree_class: Any, meta: Any, data: str, *children: Any) -> Any:
-    return tree_class(data, list(children), meta=meta)
+    def one(device: SliceDevice) -> Any:
+        value = values(device).get(name, _ABSENT)
+        return value if value is _ABSENT else _tagged(value)
+    return one
 
 
 __all__ = ["NO_SELECTORS", "Quantity", "SelectorError", "SelectorRuntimeError", "Selectors", "Version",
-           "compile_selectors"]
+           "compile_api_selectors", "compile_selectors"]

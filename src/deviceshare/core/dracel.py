@@ -26,7 +26,7 @@ receiver of the wrong type is cel-go's runtime ``no such overload``.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from celpy import celtypes
 from celpy.evaluation import CELEvalError
@@ -35,42 +35,34 @@ from deviceshare.core import dradevices
 from deviceshare.core.dravalues import INT64_MAX, INT64_MIN, Quantity, Version
 
 Value = Any  # a celpy value or a CELEvalError
+_T = TypeVar("_T")
 
 
-class QuantityValue:
-    """A Kubernetes quantity inside CEL (``apiservercel.Quantity``)."""
+class _Opaque(Generic[_T]):
+    """A Kubernetes library value inside CEL, equal by its value (``apiservercel.Quantity``/``Semver``)."""
 
-    __slots__ = ("quantity",)
+    __slots__ = ("value",)
+    function = ""
 
-    def __init__(self, quantity: Quantity) -> None:
-        self.quantity = quantity
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, QuantityValue) and self.quantity == other.quantity
-
-    def __hash__(self) -> int:
-        return hash(self.quantity)
-
-    def __repr__(self) -> str:
-        return f"quantity({str(self.quantity)!r})"
-
-
-class SemverValue:
-    """A semantic version inside CEL (``apiservercel.Semver``)."""
-
-    __slots__ = ("version",)
-
-    def __init__(self, version: Version) -> None:
-        self.version = version
+    def __init__(self, value: _T) -> None:
+        self.value = value
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, SemverValue) and self.version == other.version
+        return type(other) is type(self) and self.value == other.value
 
     def __hash__(self) -> int:
-        return hash(self.version)
+        return hash(self.value)
 
     def __repr__(self) -> str:
-        return f"semver({str(self.version)!r})"
+        return f"{self.function}({str(self.value)!r})"
+
+
+class QuantityValue(_Opaque[Quantity]):
+    function = "quantity"
+
+
+class SemverValue(_Opaque[Version]):
+    function = "semver"
 
 
 class DomainMap(celtypes.MapType):
@@ -92,11 +84,11 @@ def no_overload(name: str, *args: Value) -> CELEvalError:
 
 
 def type_name(value: Value) -> str:
-    for kind, name in ((celtypes.BoolType, "bool"), (celtypes.IntType, "int"), (celtypes.UintType, "uint"),
-                       (celtypes.DoubleType, "double"), (celtypes.StringType, "string"), (celtypes.BytesType, "bytes"),
-                       (celtypes.ListType, "list"), (celtypes.MapType, "map"), (QuantityValue, "Quantity"),
-                       (SemverValue, "Semver"), (celtypes.TimestampType, "timestamp"),
-                       (celtypes.DurationType, "duration")):
+    """CEL's name for a value's type; celpy hands back plain Python values from some operations too."""
+    for kind, name in ((bool, "bool"), (celtypes.BoolType, "bool"), (celtypes.UintType, "uint"), (int, "int"),
+                       (float, "double"), (str, "string"), (bytes, "bytes"), (list, "list"), (dict, "map"),
+                       (QuantityValue, "Quantity"), (SemverValue, "Semver"), (celtypes.TimestampType, "timestamp"),
+                       (celtypes.DurationType, "duration"), (type, "type")):
         if isinstance(value, kind):
             return name
     return "null_type" if value is None else type(value).__name__
@@ -139,16 +131,21 @@ def _by_domain(values: Mapping[str, Any], convert: Callable[[Any], Value]) -> Do
 
 # -- equality and order (cel-go's heterogeneous equality) ---------------------------------------------------------
 
-_NUMBERS = (celtypes.IntType, celtypes.UintType, celtypes.DoubleType)
+def is_number(v: Value) -> bool:
+    return type_name(v) in ("int", "uint", "double")
 
 
-def _is_number(v: Value) -> bool:
-    return isinstance(v, _NUMBERS) and not isinstance(v, celtypes.BoolType)
+def _plain(v: Value) -> Any:
+    """A number as Python's own (celpy's int types refuse to meet each other; Python compares int and float
+    exactly, as cel-go's cross-type numeric comparisons do)."""
+    return float(v) if isinstance(v, float) else int(v)
 
 
 def same(a: Value, b: Value) -> bool:
-    if _is_number(a) and _is_number(b):
-        return bool(a == b)  # Python compares int and float exactly
+    if is_number(a) and is_number(b):
+        return bool(_plain(a) == _plain(b))
+    if isinstance(a, type) or isinstance(b, type):
+        return a is b
     if isinstance(a, celtypes.ListType) and isinstance(b, celtypes.ListType):
         return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
     if isinstance(a, celtypes.MapType) and isinstance(b, celtypes.MapType):
@@ -173,14 +170,16 @@ def not_equal(a: Value, b: Value) -> Value:
 _ORDERED = ("bool", "string", "bytes", "timestamp", "duration")
 
 
-def _ordering(name: str, test: Callable[[int], bool]) -> Callable[[Value, Value], Value]:
+def ordering(name: str, test: Callable[[int], bool]) -> Callable[[Value, Value], Value]:
     def compare(a: Value, b: Value) -> Value:
         for v in (a, b):
             if isinstance(v, CELEvalError):
                 return v
-        if (_is_number(a) and _is_number(b)) or (type_name(a) == type_name(b) and type_name(a) in _ORDERED):
-            return celtypes.BoolType(test((a > b) - (a < b)))
-        return no_overload(name, a, b)
+        if is_number(a) and is_number(b):
+            a, b = _plain(a), _plain(b)
+        elif type_name(a) != type_name(b) or type_name(a) not in _ORDERED:
+            return no_overload(name, a, b)
+        return celtypes.BoolType(test((a > b) - (a < b)))
     compare.__name__ = name
     return compare
 
@@ -236,13 +235,13 @@ def guarded(name: str, func: Callable[..., Value]) -> Callable[..., Value]:
     return call
 
 
-def _string(v: Value) -> str:
+def as_string(v: Value) -> str:
     if not isinstance(v, celtypes.StringType):
         raise TypeError
     return str(v)
 
 
-def _int(v: Value) -> int:
+def as_int(v: Value) -> int:
     if not isinstance(v, celtypes.IntType):
         raise TypeError
     return int(v)
@@ -250,22 +249,22 @@ def _int(v: Value) -> int:
 
 def _comparable(a: Value, b: Value) -> int:
     if isinstance(a, QuantityValue) and isinstance(b, QuantityValue):
-        return a.quantity.compare(b.quantity)
+        return a.value.compare(b.value)
     if isinstance(a, SemverValue) and isinstance(b, SemverValue):
-        return a.version.compare(b.version)
+        return a.value.compare(b.value)
     raise TypeError
 
 
 def _quantity(v: Value) -> Quantity:
     if not isinstance(v, QuantityValue):
         raise TypeError
-    return v.quantity
+    return v.value
 
 
 def _semver(v: Value) -> Version:
     if not isinstance(v, SemverValue):
         raise TypeError
-    return v.version
+    return v.value
 
 
 def _int64(value: int) -> Value:
@@ -277,7 +276,7 @@ def _int64(value: int) -> Value:
 def _semver_parse(text: Value, normalize: Value = None) -> Version:
     if normalize is not None and not isinstance(normalize, celtypes.BoolType):
         raise TypeError
-    return Version.parse_normalized(_string(text)) if normalize else Version.parse(_string(text))
+    return Version.parse_normalized(as_string(text)) if normalize else Version.parse(as_string(text))
 
 
 def _semver_ok(text: Value, normalize: Value = None) -> bool:
@@ -290,14 +289,14 @@ def _semver_ok(text: Value, normalize: Value = None) -> bool:
 
 def _quantity_ok(text: Value) -> bool:
     try:
-        Quantity.parse(_string(text))
+        Quantity.parse(as_string(text))
     except ValueError:
         return False
     return True
 
 
 def _plus(q: Value, other: Value, sign: int) -> Value:
-    amount = other.quantity.value if isinstance(other, QuantityValue) else _int(other)
+    amount = other.value.value if isinstance(other, QuantityValue) else as_int(other)
     return QuantityValue(Quantity.of(_quantity(q).value + sign * amount))
 
 
@@ -309,7 +308,7 @@ def _as_integer(q: Value) -> Value:
 
 
 _QUANTITY_AND_SEMVER: dict[str, Callable[..., Value]] = {
-    "quantity": lambda s: QuantityValue(Quantity.parse(_string(s))),
+    "quantity": lambda s: QuantityValue(Quantity.parse(as_string(s))),
     "isQuantity": lambda s: celtypes.BoolType(_quantity_ok(s)),
     "semver": lambda s, n=None: SemverValue(_semver_parse(s, n)),
     "isSemver": lambda s, n=None: celtypes.BoolType(_semver_ok(s, n)),
@@ -325,7 +324,7 @@ _QUANTITY_AND_SEMVER: dict[str, Callable[..., Value]] = {
     "asApproximateFloat": lambda q: celtypes.DoubleType(_quantity(q).as_float()),
     "add": lambda q, o: _plus(q, o, 1),
     "sub": lambda q, o: _plus(q, o, -1),
-    "mul": lambda q, n: QuantityValue(Quantity.of(_quantity(q).value * _int(n))),
+    "mul": lambda q, n: QuantityValue(Quantity.of(_quantity(q).value * as_int(n))),
 }
 
 QUANTITY_AND_SEMVER = {name: guarded(name, func) for name, func in _QUANTITY_AND_SEMVER.items()}

@@ -18,7 +18,7 @@ from typing import Any
 import re2  # type: ignore[import-untyped]  # cel-python's dependency, RE2 as cel-go's matches()
 from celpy import celtypes
 
-from deviceshare.core.dracel import Value, _int, _is_number, _string, error, guarded, same, type_name
+from deviceshare.core.dracel import Value, as_int, as_string, error, guarded, is_number, same, type_name
 
 _SPACE = " \t\n\v\f\r\x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u2028\u2029" \
          "\u202f\u205f\u3000"
@@ -32,7 +32,7 @@ def _list(v: Value) -> list[Any]:
 
 
 def _char_at(s: Value, i: Value) -> Value:
-    text, index = _string(s), _int(i)
+    text, index = as_string(s), as_int(i)
     if not 0 <= index <= len(text):
         raise ValueError(f"index out of range: {index}")
     return celtypes.StringType(text[index:index + 1])
@@ -43,8 +43,8 @@ def _index_of(target: Value, item: Value, offset: Value = None) -> Value:
         if offset is not None:
             raise TypeError
         return celtypes.IntType(next((i for i, v in enumerate(target) if same(v, item)), -1))
-    text, sub = _string(target), _string(item)
-    start = 0 if offset is None else _int(offset)
+    text, sub = as_string(target), as_string(item)
+    start = 0 if offset is None else as_int(offset)
     if not 0 <= start <= len(text):
         raise ValueError(f"index out of range: {start}")
     return celtypes.IntType(text.find(sub, start))
@@ -56,27 +56,27 @@ def _last_index_of(target: Value, item: Value, offset: Value = None) -> Value:
             raise TypeError
         found = [i for i, v in enumerate(target) if same(v, item)]
         return celtypes.IntType(found[-1] if found else -1)
-    text, sub = _string(target), _string(item)
-    end = len(text) if offset is None else _int(offset)
+    text, sub = as_string(target), as_string(item)
+    end = len(text) if offset is None else as_int(offset)
     if not 0 <= end <= len(text):
         raise ValueError(f"index out of range: {end}")
     return celtypes.IntType(text.rfind(sub, 0, end + len(sub)))
 
 
 def _ascii(s: Value, upper: bool) -> Value:
-    text = _string(s)
+    text = as_string(s)
     table = str.maketrans("abcdefghijklmnopqrstuvwxyz", "ABCDEFGHIJKLMNOPQRSTUVWXYZ") if upper else \
         str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
     return celtypes.StringType(text.translate(table))
 
 
 def _replace(s: Value, old: Value, new: Value, n: Value = None) -> Value:
-    count = -1 if n is None else _int(n)
-    return celtypes.StringType(_string(s).replace(_string(old), _string(new), count if count >= 0 else -1))
+    count = -1 if n is None else as_int(n)
+    return celtypes.StringType(as_string(s).replace(as_string(old), as_string(new), count if count >= 0 else -1))
 
 
 def _split(s: Value, sep: Value, n: Value = None) -> Value:
-    text, separator, limit = _string(s), _string(sep), -1 if n is None else _int(n)
+    text, separator, limit = as_string(s), as_string(sep), -1 if n is None else as_int(n)
     if limit == 0:
         return celtypes.ListType([])
     if separator == "":  # Go splits into code points
@@ -87,8 +87,8 @@ def _split(s: Value, sep: Value, n: Value = None) -> Value:
 
 
 def _substring(s: Value, start: Value, end: Value = None) -> Value:
-    text, begin = _string(s), _int(start)
-    stop = len(text) if end is None else _int(end)
+    text, begin = as_string(s), as_int(start)
+    stop = len(text) if end is None else as_int(end)
     if not 0 <= begin <= len(text) or not 0 <= stop <= len(text):
         raise ValueError(f"index out of range: {begin if not 0 <= begin <= len(text) else stop}")
     if begin > stop:
@@ -97,20 +97,20 @@ def _substring(s: Value, start: Value, end: Value = None) -> Value:
 
 
 def _join(items: Value, sep: Value = None) -> Value:
-    separator = "" if sep is None else _string(sep)
-    return celtypes.StringType(separator.join(_string(v) for v in _list(items)))
+    separator = "" if sep is None else as_string(sep)
+    return celtypes.StringType(separator.join(as_string(v) for v in _list(items)))
 
 
 def _reverse(s: Value) -> Value:
-    return celtypes.StringType(_string(s)[::-1])
+    return celtypes.StringType(as_string(s)[::-1])
 
 
 def _trim(s: Value) -> Value:
-    return celtypes.StringType(_string(s).strip(_SPACE))
+    return celtypes.StringType(as_string(s).strip(_SPACE))
 
 
 def _comparable_items(items: list[Any]) -> list[Any]:
-    kinds = {"number" if _is_number(v) else type_name(v) for v in items}
+    kinds = {"number" if is_number(v) else type_name(v) for v in items}
     if len(kinds) > 1 or kinds - {"number", "string", "bool", "bytes", "timestamp", "duration"}:
         raise TypeError
     return items
@@ -144,13 +144,13 @@ def _extreme(name: str, pick: Callable[[list[Any]], Any]) -> Callable[[Value], V
 
 
 def _find(s: Value, pattern: Value) -> Value:
-    match = _regex(pattern).search(_string(s))
+    match = _regex(pattern).search(as_string(s))
     return celtypes.StringType(match.group(0) if match else "")
 
 
 def _find_all(s: Value, pattern: Value, n: Value = None) -> Value:
-    limit = -1 if n is None else _int(n)
-    found = [m.group(0) for m in _regex(pattern).finditer(_string(s))]
+    limit = -1 if n is None else as_int(n)
+    found = [m.group(0) for m in _regex(pattern).finditer(as_string(s))]
     if limit >= 0:
         found = found[:limit]
     return celtypes.ListType([celtypes.StringType(f) for f in found])
@@ -158,7 +158,7 @@ def _find_all(s: Value, pattern: Value, n: Value = None) -> Value:
 
 def _regex(pattern: Value) -> Any:
     try:
-        return re2.compile(_string(pattern))
+        return re2.compile(as_string(pattern))
     except re2.error as e:
         raise ValueError(f"invalid regex {str(pattern)!r}: {e}") from None
 

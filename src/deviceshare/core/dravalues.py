@@ -130,6 +130,7 @@ class Quantity:
 
     value: fractions.Fraction
     text: str = ""
+    _hash: int = dataclasses.field(init=False, repr=False, compare=False, default=0)
 
     @classmethod
     def parse(cls, text: str) -> Quantity:
@@ -169,7 +170,10 @@ class Quantity:
         return self.value < other.value
 
     def __hash__(self) -> int:
-        return hash(self.value)
+        return self._hash
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash(self.value))  # Fraction's hash is slow; cache keys hash it often
 
     def __str__(self) -> str:
         return self.text or str(self.value)

@@ -58,8 +58,10 @@ FUNCTIONS: dict[str, tuple[tuple[str | None, ...], tuple[int, ...], str]] = {
     "size": ((None,), (1,), INT), "matches": ((STRING, STRING), (2,), BOOL), "dyn": ((None,), (1,), DYN),
     "int": ((None,), (1,), INT), "uint": ((None,), (1,), UINT), "double": ((None,), (1,), DOUBLE),
     "string": ((None,), (1,), STRING), "bool": ((None,), (1,), BOOL), "bytes": ((None,), (1,), BYTES),
-    "type": ((None,), (1,), DYN),
+    "type": ((None,), (1,), "type"), "duration": ((STRING,), (1,), "duration"),
+    "timestamp": ((None,), (1,), "timestamp"),
 }
+TYPE_NAMES = {"int", "uint", "double", "bool", "string", "bytes", "list", "map", "null_type", "type"}
 MACROS = {"all": BOOL, "exists": BOOL, "exists_one": BOOL, "map": LIST, "filter": LIST}
 _PLAIN_STRING = re.compile(r"""^(?:"([^"\\\n]*)"|'([^'\\\n]*)')$""")
 
@@ -162,6 +164,8 @@ class _Checker:
                 return scope[name]
             if name == "device":
                 return DEVICE
+            if name in TYPE_NAMES:
+                return "type"
             raise Problem(f"undeclared reference to '{name}' (in container '')", node)
         if data == "member_dot":
             return self._field(node, self.infer(kids[0], scope), str(node.children[1]))
@@ -182,14 +186,14 @@ class _Checker:
             return BOOL
         if op == "relation_in":
             if right not in (LIST, *_MAPS):
-                raise _overload(name, node, left, right)
+                raise _operator(name, kids[0], left, right)
         elif op in ("relation_eq", "relation_ne"):
             if left != right and not (left in _NUMBERS and right in _NUMBERS) and NULL not in (left, right) \
                     and not (left in _MAPS and right in _MAPS):
-                raise _overload(name, node, left, right)
+                raise _operator(name, kids[0], left, right)
         elif not ((left in _NUMBERS and right in _NUMBERS)
                   or (left == right and left in (BOOL, STRING, BYTES, "timestamp", "duration"))):
-            raise _overload(name, node, left, right)
+            raise _operator(name, kids[0], left, right)
         return BOOL
 
     def _arithmetic(self, node: Any, kids: list[Any], scope: dict[str, str]) -> str:
@@ -202,7 +206,7 @@ class _Checker:
         allowed = (INT, UINT, DOUBLE, STRING, BYTES, LIST) if op == "addition_add" else \
             (INT, UINT) if op == "multiplication_mod" else _NUMBERS
         if left != right or left not in allowed:
-            raise _overload(name, node, left, right)
+            raise _operator(name, kids[0], left, right)
         return left
 
     def _field(self, node: Any, receiver: str, field: str) -> str:
@@ -230,7 +234,7 @@ class _Checker:
         args = _kids(kids[1]) if len(kids) > 1 else []
         if name in MACROS:
             receiver = self.infer(kids[0], scope)
-            variable = _ident_name(args[0]) if len(args) in (2, 3) else None
+            variable = ident_name(args[0]) if len(args) in (2, 3) else None
             if variable is None or (name != "map" and len(args) != 2):
                 raise Problem(f"found no matching overload for '{name}' (macro needs a variable and an "
                               "expression)", node)
@@ -273,6 +277,17 @@ class _Checker:
         return result
 
 
+def _operator(name: str, operation: Any, left: str, right: str) -> Problem:
+    """A binary operator without an overload, located at the operator as cel-go locates it: ``operation`` is
+    the ``relation_eq``-like node that spans the left operand and the operator."""
+    problem = _overload(name, operation, left, right)
+    symbol = name.strip("_@")
+    meta = operation.meta
+    if not getattr(meta, "empty", True):
+        problem.line, problem.column = int(meta.end_line), max(int(meta.end_column) - len(symbol) - 1, 0)
+    return problem
+
+
 def _overload(name: str, node: Any, *types: str, member: bool = False) -> Problem:
     shown = [_shown(t) for t in types]
     applied = f"{shown[0]}.({', '.join(shown[1:])})" if member else f"({', '.join(shown)})"
@@ -288,7 +303,7 @@ def _unwrap(node: Any) -> Any:
     return node
 
 
-def _ident_name(node: Any) -> str | None:
+def ident_name(node: Any) -> str | None:
     inner = _unwrap(node)
     return str(inner.children[0]) if str(inner.data) == "ident" else None
 
