@@ -19,11 +19,9 @@ from kubernetes_asyncio import client as k8s
 from deviceshare.kube import watching
 
 from .. import readback
-from ..readback import Seen
-from .draclaims import ClaimWrites, claim_path
-from .errors import READ_BACK_TRIES, Conflict, Gone, Uncertain
+from .draclaims import ClaimWrites
+from .errors import Gone
 from .listing import Body, Collections, T
-from .transport import MERGE_PATCH
 
 GROUP, VERSION = "resource.k8s.io", "v1"
 SLICES, CLASSES, CLAIMS = "resourceslices", "deviceclasses", "resourceclaims"
@@ -55,20 +53,7 @@ class DraReads(Collections, ClaimWrites):
         what = f"patch status of resourceclaim {key[0]}/{key[1]}"
         body = {"status": dict(status), "metadata": {"resourceVersion": resource_version, "uid": uid}}
         judge = functools.partial(readback.claim_status, uid=uid, written=status, precondition=resource_version)
-        resource = "resourceclaims/status"
-        for _ in range(READ_BACK_TRIES):
-            try:
-                data: dict[str, Any] = await self._write(
-                    "PATCH", claim_path(key) + "/status", what, body, verb="patch", resource=resource,
-                    content_type=MERGE_PATCH, resolved_by_caller=True,
-                )
-                return data
-            except Uncertain:
-                seen, shown = await self._resolve(what, "patch", resource, lambda: self.read_claim(key), judge)
-            if seen is Seen.LANDED and shown is not None:
-                return shown
-            if seen is Seen.GONE:
-                raise Gone(f"{what}: the claim no longer exists")
-            if seen is Seen.OVERTAKEN:
-                raise Conflict(f"{what}: the claim changed while our write's answer was lost")
-        raise Uncertain(f"{what}: the answer was lost {READ_BACK_TRIES} times")
+        shown = await self.patch_claim(key, "/status", what, body, "resourceclaims/status", judge)
+        if shown is None:  # (a status write never deletes the claim: LANDED comes with the claim read back)
+            raise Gone(f"{what}: the claim no longer exists")
+        return shown
