@@ -119,3 +119,21 @@ def test_what_a_finalizer_write_read_back_shows(
     shown: dict[str, Any] | None, written: list[str], seen: Seen
 ) -> None:
     assert draclaims.finalizers_seen(shown, uid="u", written=written, precondition="7") is seen
+
+
+async def test_a_replica_that_may_not_write_sends_no_claim_write(api: storage.ClusterApi, box: Sandbox) -> None:
+    made = await api.create_claim(body())
+    meta = made["metadata"]
+    fence = storage.OpenFence(30.0)
+    api.fence = fence
+    fence.open = False  # deposed: not the leader any more
+    with pytest.raises(storage.Fenced):
+        await api.create_claim(claim("other-devices"))
+    with pytest.raises(storage.Fenced):
+        await api.delete_claim(KEY, uid=meta["uid"], resource_version=meta["resourceVersion"])
+    with pytest.raises(storage.Fenced):
+        await api.set_claim_finalizers(KEY, [], uid=meta["uid"], resource_version=meta["resourceVersion"])
+    assert [c["metadata"]["name"] for c in box.list("resourceclaims")] == ["g-devices"]
+    shown = box.get("resourceclaims", "g-devices", NS)
+    assert shown is not None and shown["metadata"]["finalizers"] == [names.GROUP_FINALIZER]
+    assert not shown["metadata"].get("deletionTimestamp")

@@ -156,3 +156,22 @@ async def test_a_claim_the_api_refuses_is_reported_on_the_group(kube: Kube, clus
     assert "spec.devices.requests[0].exactly.selectors[0].cel.expression" in condition["message"]
     assert condition["message"].endswith("fix spec.claim")
     assert cluster.get("resourceclaims", "typo-devices", NS) is None
+
+
+async def test_an_allocated_claim_someone_deletes_keeps_our_finalizer_while_it_is_held(
+    kube: Kube, cluster: Sandbox
+) -> None:
+    """A tenant deletes the claim of a group whose member holds it: the finalizer keeps the allocation in the API
+    (devices are never freed under a pod) and the group says why its claim cannot be replaced yet."""
+    await create_dra_group(kube, "trainer")
+    await claim_of(kube, cluster, "trainer")
+    cluster.patch("resourceclaims", "trainer-devices", {"status": {
+        "allocation": allocation("gpu-node-0", "gpu-0", "gpu-1"), "reservedFor": [consumer("trainer-0")]}},
+        NS, subresource="status")
+    cluster.delete("resourceclaims", "trainer-devices", NS)
+    cluster.patch("sdg", "trainer", {"spec": {"maxMembers": 4}}, NS)  # a new generation: the claim is read again
+    group = await kube.wait_group(NS, "trainer", lambda g: problem(g) is not None, "ClaimProblem")
+    assert (problem(group) or {}).get("reason") == "ClaimInUse"
+    held = cluster.get("resourceclaims", "trainer-devices", NS)
+    assert held is not None and held["metadata"]["finalizers"] == [names.GROUP_FINALIZER]
+    assert held["status"]["allocation"]["devices"]["results"][0]["device"] == "gpu-0"

@@ -184,7 +184,7 @@ async def test_kubectl_apply_get_describe_delete(sandbox: Sandbox, tmp_path: Pat
     listed = await run("get", "sdg")
     assert listed.returncode == 0, listed.stderr
     header, row = listed.stdout.splitlines()[:2]
-    assert header.split() == ["NAME", "PHASE", "NODE", "DEVICES", "SHARE", "MEMBERS", "AGE"]
+    assert header.split() == ["NAME", "PHASE", "NODE", "DEVICES", "SHARE", "CLAIM", "MEMBERS", "AGE"]
     assert row.split()[:3] == ["trainer", "Bound", "gpu-node-3"]
     nodes = await run("get", "nodes", "-l", "deviceshare.io/mode=shared", "-o", "name")
     assert nodes.stdout.split() == [f"node/gpu-node-{i}" for i in range(4)]

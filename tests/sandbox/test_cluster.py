@@ -182,12 +182,13 @@ async def test_table_output_uses_the_crd_printer_columns(sandbox: Sandbox, http:
         "Node",
         "Devices",
         "Share",
+        "Claim",
         "Members",
         "Age",
     ]
     cells = table["rows"][0]["cells"]
-    assert cells[:6] == ["g", "Bound", "gpu-node-1", '{"nvidia.com/gpu":["0","1"]}', None, 2]
-    assert cells[6].endswith("s")  # an age, like "0s"
+    assert cells[:7] == ["g", "Bound", "gpu-node-1", '{"nvidia.com/gpu":["0","1"]}', None, None, 2]  # no claim
+    assert cells[7].endswith("s")  # an age, like "0s"
     await http.call("POST", SDG, sdg("h", 1, share={"nvidia.com/gpu": {"compute": "250m"}}))
     _, table = await http.call("GET", SDG, headers={"Accept": TABLE})
     assert table["rows"][1]["cells"][4] == '{"nvidia.com/gpu":{"compute":"250m"}}'

@@ -193,11 +193,11 @@ class GroupClaims:
         gkey = (key[0], key[1].removesuffix(names.CLAIM_SUFFIX))
         meta = _meta(claim)
         uid = str(meta.get("uid", ""))
+        if in_use(claim):  # deleting or not: our finalizer keeps the allocation while anyone holds it
+            self._request_later(gkey, RECHECK_S)
+            return False
         try:
             if not meta.get("deletionTimestamp"):
-                if in_use(claim):
-                    self._request_later(gkey, RECHECK_S)
-                    return False
                 await self.ctx.api.delete_claim(key, uid=uid, resource_version=str(meta.get("resourceVersion", "")))
                 shown = await self.ctx.api.read_claim(key)  # still there while a finalizer holds it
                 if shown is None or _meta(shown).get("uid") != uid:
