@@ -30,7 +30,7 @@ from deviceshare.core import gang, inventory, nominations, placement
 from deviceshare.core import ledger as ledgers
 from deviceshare.core import members as member_rules
 
-from . import quotas, statuses, storage
+from . import draplacing, quotas, statuses, storage
 from . import state as state_
 from .context import Context
 from .cyclechanges import CycleChanges
@@ -91,6 +91,7 @@ class GroupPlacer:
             short = gang.waiting(spec.min_members, len(self.members(pod, spec, live)))
             if short is not None:
                 return NotPlaced(short.message())
+        await draplacing.prepare(self.ctx, spec)  # DRA hook: claim selectors evaluated off the event loop
         budget = await quotas.read(self.quotas, self.ctx.api, group.key[0])
         marked = await self._ensure_finalizer(group, spec, changes)
         if marked is None:
@@ -103,7 +104,7 @@ class GroupPlacer:
         """Quota, then filter + score + permit in one core call (``gang.permit``) on the ledger's snapshot as this
         group sees it: a decision, nothing held. ``view``: the group's members, read after the last await."""
         ctx, group = self.ctx, pre.group
-        over = quotas.refusal(ctx.ledger, group.key, dict(spec.resources), pre.budget)
+        over = quotas.refusal(ctx.ledger, group.key, dict(spec.resources), pre.budget) or draplacing.refusal(spec)
         if over is not None:
             return NotPlaced(over)
         request = placement.GroupRequest.from_spec(group.key, spec, mps=ctx.config.mps)
@@ -112,10 +113,11 @@ class GroupPlacer:
         snapshot = nominations.overlay(ctx.ledger.snapshot(), live, view.priority, group.key)
         together = gang.demand([m.demand for m in members[: gang.needed(spec.min_members)]])
         policy = ctx.fgd.for_pod(together) if spec.scheduling_strategy == "fgd" else None
-        verdict = gang.permit(snapshot, request, spec.min_members, members, policy)
+        verdict = gang.permit(draplacing.narrowed(ctx, spec, snapshot), request, spec.min_members, members, policy)
         if isinstance(verdict, gang.WaitingForMembers):
             return NotPlaced(verdict.message())
         if isinstance(verdict, placement.Unschedulable):
+            verdict = draplacing.explained(ctx, spec, verdict, snapshot, request, together)  # DRA hook: its reasons
             return NotPlaced(gang.describe(verdict, spec.min_members), unschedulable=verdict)
         return Permitted(verdict, request, together)
 

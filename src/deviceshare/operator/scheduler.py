@@ -55,7 +55,7 @@ from deviceshare.api import models, names
 from deviceshare.core import joining, placement
 from deviceshare.core import ledger as ledgers
 
-from . import placing, preempting, quotas, settling, statuses, storage
+from . import draallocation, placing, preempting, quotas, settling, statuses, storage
 from . import state as state_
 from .context import Context
 from .cyclechanges import CycleChanges
@@ -282,6 +282,17 @@ class PodScheduler:
         # The node's hand-over (CONTRACT §12) adds what its container runtime reads, in the same Binding.
         handover = ctx.config.handovers.for_node(node.labels if node else None)
         annotations.update(handover.pod_annotations(allocation.devices, [c.name for c in pod.containers]))
+        if draallocation.is_dra(group):  # DRA hook (CONTRACT §13): claim allocated, pod reserved, before binding
+            try:
+                await draallocation.reserve_for(ctx, group, allocation, pod)
+            except storage.Invalid as e:
+                changes.not_bound(pod)  # recorded ours ahead of the Binding (``_bind``), which is not sent now
+                return Outcome(Result.REFUSED, f"the group's ResourceClaim cannot be used: {e}")
+            except storage.Uncertain:
+                raise  # the reservation may have landed: the pod stays our member and is bound on a later try
+            except (storage.RetryLater, storage.Fenced):
+                changes.not_bound(pod)  # certainly not reserved: bound on a later try
+                raise
         try:
             # One write: the API server copies the Binding's annotations onto the pod with spec.nodeName.
             await ctx.api.bind_pod(pod.key, pod.uid, allocation.node, annotations)
@@ -333,4 +344,10 @@ class PodScheduler:
         else:
             logger.warning("group %s/%s kept changing while its placement was rolled back; devices stay held", *gkey)
             return
+        if draallocation.holds_claim(ctx, group, gkey):  # DRA hook: the claim's allocation goes before the ledger's
+            try:
+                await draallocation.release_claim_allocation(ctx, gkey, allocation)
+            except Exception as e:
+                logger.warning("could not release the ResourceClaim of group %s/%s (devices stay held): %s", *gkey, e)
+                return
         changes.released(gkey)
