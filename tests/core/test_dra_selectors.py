@@ -291,3 +291,11 @@ def test_a_cached_verdict_is_the_verdict_of_a_fresh_evaluation(
     for expression in _CACHED_EXPRESSIONS:
         program = compile_selectors([expression]).programs[0]
         assert program.verdict(device) == program._evaluate(device), expression
+
+
+@pytest.mark.timeout(20, method="thread")  # a hang guard: the tenant's string must not cost minutes
+def test_a_tenants_huge_quantity_is_a_runtime_error_not_a_hang() -> None:
+    assert compile_selectors(["isQuantity('1e999999999')"]).matches(H100) is False
+    assert compile_selectors(["isQuantity('" + "1" * 9000 + "x')"]).matches(H100) is False
+    with pytest.raises(SelectorRuntimeError, match="exponent out of range"):
+        compile_selectors(["quantity('1e999999999').sign() == 1"]).matches(H100)

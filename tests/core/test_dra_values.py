@@ -104,3 +104,20 @@ def test_semver_compare_is_a_total_order_consistent_with_equality(a: tuple, b: t
     assert Version.parse(str(va)) == va
     assert va.compare(vb) == -vb.compare(va)
     assert (va.compare(vb) == 0) == (va == vb) == (str(va) == str(vb))
+
+
+@pytest.mark.parametrize("text", ["1e1001", "1e-1001", "1E999999999", "1e+000099999999999999999999"])
+def test_an_exponent_out_of_range_is_refused_not_computed(text: str) -> None:
+    # an exact fraction of 1e999999999 would be a billion-digit integer: minutes and gigabytes, from one selector
+    with pytest.raises(ValueError, match="exponent out of range"):
+        Quantity.parse(text)
+    assert Quantity.parse("1e1000").value == 10**1000 and Quantity.parse("1e-0005").value == Fraction(1, 10**5)
+
+
+# A hang guard, not a speed target: the old pattern backtracked quadratically, about 25 s for each of these (the
+# C matcher holds the GIL, so the guard fires when it returns); a 10 KiB selector's isQuantity() took 7 s.
+@pytest.mark.timeout(5, method="thread")
+@pytest.mark.parametrize("text", ["1" * 20_000 + "x", "-" + "9" * 20_000 + "Kx"])
+def test_a_long_run_of_digits_that_ends_wrong_is_refused_without_backtracking(text: str) -> None:
+    with pytest.raises(ValueError, match="is not a quantity"):
+        Quantity.parse(text)

@@ -67,9 +67,9 @@ class FakeApi:
 
 
 class Rig:
-    def __init__(self) -> None:
+    def __init__(self, **config: Any) -> None:
         self.api = FakeApi()
-        self.ctx = Context(OperatorConfig(), api=self.api)  # type: ignore[arg-type]
+        self.ctx = Context(OperatorConfig(**config), api=self.api)  # type: ignore[arg-type]
         self.pods: SchedulingQueue[tuple[str, str]] = SchedulingQueue()
         self.groups = ReconcileQueue(debounce=0.0, allocations=lambda: self.ctx.ledger.allocations())
         self.intake = Intake(self.ctx, self.pods, self.groups,
@@ -144,3 +144,36 @@ async def test_a_relist_in_pages_applies_each_page_as_it_comes_and_forgets_only_
     feed.end("10")
     assert set(rig.ctx.state.pods) == {("ml", "a"), ("ml", "same"), ("ml", "b")}
     assert rig.ctx.metrics.missed_deletions.labels("pod")._value.get() == 1
+
+
+async def test_kopf_relisting_the_groups_over_and_over_does_not_put_off_the_audit_of_pods() -> None:
+    """With --groups-through-kopf, each Kopf re-list wakes an audit of the groups alone; a watch that keeps failing
+    (Kopf re-lists after every failure) must not starve the audit that finds a pod's missed deletion."""
+    rig = Rig(audit_interval=2.5)  # longer than the settle after each re-list (1 s)
+    rig.intake.on_pod("ADDED", pod("deleted", 2))  # its DELETED never came; the API has no such pod
+    rig.api.groups = {("ml", "g"): group("g", 4)}
+    rig.intake.groups.hold()
+    rig.intake.groups.open("1")  # a term: the gate is open
+    audits: list[bool] = []
+    audit = rig.intake.audit
+
+    async def recorded(*, pods: bool = True) -> int:
+        audits.append(pods)
+        return await audit(pods=pods)
+
+    rig.intake.audit = recorded  # type: ignore[method-assign]
+
+    async def relisting() -> None:  # Kopf's watch failing and listing the groups again, every 50 ms
+        while True:
+            rig.intake.groups.event(None, group("g", 4))
+            await asyncio.sleep(0.05)
+
+    tasks = [asyncio.create_task(relisting()), asyncio.create_task(rig.intake.audit_loop())]
+    try:
+        await waiting.until(lambda: ("ml", "deleted") not in rig.ctx.state.pods,
+                            "the audit of pods forgets the pod the API no longer has", timeout=20)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    assert False in audits, "no re-list woke an audit of the groups alone: the fault did not fire"

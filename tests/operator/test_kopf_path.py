@@ -101,3 +101,29 @@ async def test_by_default_groups_come_through_the_operators_own_watch(
     assert group_watchers and not any(ua.startswith("kopf/") for ua in group_watchers), group_watchers
     assert operator.memo.runtime.intake.groups.delivered == 0
     assert watches(cluster, "/apis/apiextensions.k8s.io/v1/customresourcedefinitions") == []
+
+
+KOPF_FINALIZER = "kopf.zalando.org/KopfFinalizerMarker"  # Kopf's default settings.persistence.finalizer
+
+
+async def test_kopf_never_takes_off_a_finalizer_a_tenant_put_on_a_group(
+    cluster: Sandbox, kube: Kube, kopf_operator: RunningOperator
+) -> None:
+    """Kopf removes its own finalizer from any object it watches that no handler of a changing kind needs, on every
+    replica, outside our fence: a standby would write. A tenant can write that finalizer onto its group."""
+    runtime = kopf_operator.memo.runtime
+    await kube.create_group("ml", "pinned", {GPU: 9})
+    await kube.wait_group("ml", "pinned", lambda g: names.GROUP_FINALIZER in g["metadata"].get("finalizers", []),
+                          "our finalizer on the group")
+    cluster.patch(names.PLURAL, "pinned", {"metadata": {"finalizers": [names.GROUP_FINALIZER, KOPF_FINALIZER]}}, "ml")
+    seen = runtime.intake.groups.delivered
+    await kube.wait_for(lambda: runtime.intake.groups.delivered > seen, "the tenant's change through Kopf")
+    # Kopf patches an event's object once its handlers ran, before its worker takes the object's next event: after a
+    # later change has come through, any patch for the tenant's change has been sent.
+    cluster.patch(names.PLURAL, "pinned", {"spec": {"resources": {GPU: 8}}}, "ml")
+    seen = runtime.intake.groups.delivered
+    await kube.wait_for(lambda: runtime.intake.groups.delivered > seen, "a later change through Kopf")
+    kopf_writes = [r for r in cluster.api if str(r.method.value) in ("PATCH", "PUT", "POST", "DELETE")
+                   and str(r.headers.get("User-Agent", "")).startswith("kopf/")]
+    assert kopf_writes == []
+    assert KOPF_FINALIZER in (cluster.get(names.PLURAL, "pinned", "ml") or {})["metadata"]["finalizers"]

@@ -10,7 +10,9 @@ Both are compared exactly as Kubernetes compares them, because a device selector
 - :class:`Quantity` is apimachinery's ``resource.ParseQuantity`` grammar (``<signedNumber><suffix>``, binary
   ``Ki..Ei``, decimal ``n u m k M G T P E`` or an exponent ``e<n>``/``E<n>``; no surrounding blanks), held as
   an exact fraction, so ``quantity('200M').compareTo(quantity('0.2G')) == 0`` as ``Quantity.Cmp`` says.
-  Values more precise than ``1n`` round up to the next nano, as ``ParseQuantity`` rounds them.
+  Values more precise than ``1n`` round up to the next nano, as ``ParseQuantity`` rounds them. Not as
+  Kubernetes: an exponent beyond ``MAX_EXPONENT`` (``1e1001``) is refused, where ParseQuantity takes any int32
+  one; an exact fraction would have to build ``10**exponent`` (minutes for ``1e999999999``).
 """
 
 from __future__ import annotations
@@ -116,7 +118,12 @@ class Version:
         return text
 
 
-_QUANTITY = re.compile(r"^([+-]?)([0-9]+\.?[0-9]*|\.[0-9]+)(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?[0-9]+)?$")
+# One way to split the digits (``[0-9]+(?:\.[0-9]*)?``, not ``[0-9]+\.?[0-9]*``): the latter backtracks quadratically on
+# a long run of digits that ends wrong, seconds for a 10 KiB selector's ``isQuantity('111...1x')``.
+_QUANTITY = re.compile(r"^([+-]?)([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?[0-9]+)?$")
+# ParseQuantity takes any int32 exponent (inf.Dec keeps it as a scale); an exact fraction would have to build
+# 10**exponent, minutes and gigabytes for ``1e999999999``. Beyond this the text is refused as out of range.
+MAX_EXPONENT = 1000
 _BINARY = {"Ki": 10, "Mi": 20, "Gi": 30, "Ti": 40, "Pi": 50, "Ei": 60}
 _DECIMAL = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
 _NANO = fractions.Fraction(1, 10**9)
@@ -189,7 +196,10 @@ def _parse_quantity(text: str) -> Quantity:
     if suffix in _BINARY:
         number *= 2 ** _BINARY[suffix]
     elif suffix[:1] in ("e", "E") and len(suffix) > 1:
-        number *= fractions.Fraction(10) ** int(suffix[1:])
+        exponent = suffix[1:].lstrip("+-").lstrip("0")  # its digits: no int() of thousands of them either
+        if len(exponent) > len(str(MAX_EXPONENT)) or int(exponent or "0") > MAX_EXPONENT:
+            raise ValueError(f"{text!r}: exponent out of range (at most {MAX_EXPONENT} either way)")
+        number *= fractions.Fraction(10) ** (int(exponent or "0") * (-1 if suffix[1] == "-" else 1))
     else:
         number *= fractions.Fraction(10) ** _DECIMAL[suffix]
     if (number / _NANO).denominator != 1:  # more precise than 1n: ParseQuantity rounds up (away from zero)

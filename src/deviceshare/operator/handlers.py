@@ -79,6 +79,9 @@ def connection_info(cfg: k8s.Configuration) -> kopf.ConnectionInfo:
     )
 
 
+KOPF_FINALIZER_NONE = "deviceshare.io/no kopf finalizer"  # spaces: never a valid finalizer (IsQualifiedName)
+
+
 class NoDiffBase(kopf.DiffBaseStorage):
     """No diff base: we register ``on.event`` handlers only, which get no diff, yet Kopf builds one (a deep copy
     of the body, then a comparison) for every event (``kopf/_core/reactor/processing.py``, ``_detect_causes``);
@@ -132,6 +135,10 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
         settings.queueing.idle_timeout = config.worker_idle_timeout
         settings.persistence.diffbase_storage = NoDiffBase()
         settings.persistence.progress_storage = NoProgress()
+        # Kopf takes its finalizer off any object it watches that no changing handler needs, on every replica and
+        # outside our fence; a tenant can put it on a group. A name the API refuses as a finalizer (not a qualified
+        # name) is on no object, so Kopf never writes one.
+        settings.persistence.finalizer = KOPF_FINALIZER_NONE
         settings.peering.standalone = True  # one leader is elected on a Lease instead (leadership.py)
         # No CRD (or namespace) watch: the groups' resource is discovered once, here at start.
         settings.scanning.disabled = True

@@ -193,12 +193,19 @@ class Intake:
     async def audit_loop(self) -> None:
         """The audit every ``audit_interval``; with the groups through Kopf, of the groups alone as soon as Kopf has
         listed them again (at start, or after its watch expired): its list carries no deletions, and Kopf reports
-        none (with our own group reflector, :meth:`Feed.end` finds those)."""
+        none (with our own group reflector, :meth:`Feed.end` finds those). The pods' audit keeps its own deadline:
+        a watch that keeps failing makes Kopf re-list again and again, and each re-list's audit of groups alone must
+        not put off the one that finds the pods' missed deletions (whose devices stay held until it does)."""
         interval = self.ctx.config.audit_interval
+        loop = asyncio.get_running_loop()
+        pods_due = loop.time() + interval
         while True:
-            relisted = await self.groups.relisted(interval)
+            relisted = await self.groups.relisted(max(pods_due - loop.time(), 0.0))
+            pods = not relisted or loop.time() >= pods_due
+            if pods:
+                pods_due = loop.time() + interval
             try:
-                await self.audit(pods=not relisted)
+                await self.audit(pods=pods)
             except Exception:
                 logger.warning("audit of pods and groups failed; next one in %.0fs", interval, exc_info=True)
 
