@@ -247,6 +247,11 @@ class DraInventory:
     def has_excluded(self, class_name: str, selectors: Sequence[str]) -> bool:
         return (class_name, tuple(selectors)) in self._excluded
 
+    def evaluated(self, class_name: str, selectors: Sequence[str]) -> dict[str, frozenset[str]] | None:
+        """What :meth:`excluded` would answer, if it is known for the slices as they are now; None: it is not (never
+        evaluated, or a slice or class changed since), and the scheduler must not evaluate it on the event loop."""
+        return self._excluded.get((class_name, tuple(selectors)))
+
     def keep_excluded(
         self, class_name: str, selectors: Sequence[str], generation: int, found: dict[str, frozenset[str]]
     ) -> None:

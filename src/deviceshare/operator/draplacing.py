@@ -13,6 +13,8 @@ from deviceshare.core import ledger as ledgers
 
 from .context import Context
 
+PREPARE_TRIES = 3  # evaluations of a claim's selectors in one pre-filter while the slices keep changing
+
 
 def _selectors(spec: models.GroupSpec) -> list[str]:
     return [str(s) for s in spec.claim.selectors] if spec.claim is not None else []
@@ -32,27 +34,35 @@ async def prepare(ctx: Context, spec: models.GroupSpec) -> None:
     """Before the placement's no-await stretch: the claim's selectors evaluated over every device in a worker
     thread (``DraInventory.excluded_work``), unless known already; the decision then finds them cached."""
     selectors = _selectors(spec)
-    if spec.claim is None or not selectors or ctx.dra.has_excluded(spec.claim.device_class_name, selectors):
-        return
-    generation = ctx.dra.generation
-    found = await asyncio.to_thread(ctx.dra.excluded_work(spec.claim.device_class_name, selectors))
-    ctx.dra.keep_excluded(spec.claim.device_class_name, selectors, generation, found)
+    for _ in range(PREPARE_TRIES):  # a slice that changed meanwhile makes the answer stale: evaluate again
+        if spec.claim is None or not selectors or ctx.dra.has_excluded(spec.claim.device_class_name, selectors):
+            return
+        generation = ctx.dra.generation
+        found = await asyncio.to_thread(ctx.dra.excluded_work(spec.claim.device_class_name, selectors))
+        ctx.dra.keep_excluded(spec.claim.device_class_name, selectors, generation, found)
 
 
 def excluded(ctx: Context, spec: models.GroupSpec) -> dict[str, frozenset[str]] | None:
-    """Per node, the devices of the group's class its claim's selectors do not match (None: no selectors)."""
+    """Per node, the devices of the group's class its claim's selectors do not match, as :func:`prepare` evaluated
+    them for the slices as they are now. None: no selectors, or not known now (see :func:`narrowed`)."""
     selectors = _selectors(spec)
     if spec.claim is None or not selectors:
         return None
-    return ctx.dra.excluded(spec.claim.device_class_name, selectors)
+    return ctx.dra.evaluated(spec.claim.device_class_name, selectors)
 
 
-def narrowed(ctx: Context, spec: models.GroupSpec, snapshot: ledgers.LedgerSnapshot) -> ledgers.LedgerSnapshot:
-    """The snapshot with only the devices the group's selectors match offered."""
-    left_out = excluded(ctx, spec)
-    if spec.claim is None or left_out is None:
+def narrowed(ctx: Context, spec: models.GroupSpec, snapshot: ledgers.LedgerSnapshot) -> ledgers.LedgerSnapshot | None:
+    """The snapshot with only the devices the group's selectors match offered. None: a slice or class changed
+    since :func:`prepare` evaluated the selectors (during the pre-filter's awaits): the decision waits for the next
+    cycle, which evaluates them again in a worker thread; never here, on the event loop (a selector that reads
+    each device's ``uuid`` takes minutes at 40,000 devices, longer than the Lease can wait)."""
+    selectors = _selectors(spec)
+    if spec.claim is None or not selectors:
         return snapshot
-    memo = ctx.dra.narrowed(spec.claim.device_class_name, _selectors(spec))
+    left_out = ctx.dra.evaluated(spec.claim.device_class_name, selectors)
+    if left_out is None:
+        return None
+    memo = ctx.dra.narrowed(spec.claim.device_class_name, selectors)
     return eligibility.restrict(snapshot, spec.claim.device_class_name, left_out, memo)
 
 

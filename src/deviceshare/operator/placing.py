@@ -113,7 +113,11 @@ class GroupPlacer:
         snapshot = nominations.overlay(ctx.ledger.snapshot(), live, view.priority, group.key)
         together = gang.demand([m.demand for m in members[: gang.needed(spec.min_members)]])
         policy = ctx.fgd.for_pod(together) if spec.scheduling_strategy == "fgd" else None
-        verdict = gang.permit(draplacing.narrowed(ctx, spec, snapshot), request, spec.min_members, members, policy)
+        offered = draplacing.narrowed(ctx, spec, snapshot)  # DRA hook: only devices the claim's selectors match
+        if offered is None:
+            return NotPlaced("the ResourceSlices changed while the claim's selectors were evaluated; they are "
+                             "evaluated again", retry=True)
+        verdict = gang.permit(offered, request, spec.min_members, members, policy)
         if isinstance(verdict, gang.WaitingForMembers):
             return NotPlaced(verdict.message())
         if isinstance(verdict, placement.Unschedulable):

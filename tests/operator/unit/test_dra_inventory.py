@@ -6,8 +6,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from deviceshare.api import models
 from deviceshare.core import inventory
-from deviceshare.operator import drainventory
+from deviceshare.core import ledger as ledgers
+from deviceshare.operator import drainventory, draplacing
 from deviceshare.sandbox import dradriver
 from tests.core import builders
 
@@ -85,3 +87,27 @@ def test_nodes_without_the_class_keep_their_inventory() -> None:
     dra.on_class("DELETED", {"metadata": {"name": CLASS}})
     assert dra.node(base) == base
     assert isinstance(base, inventory.NodeInfo)
+
+
+async def test_a_decision_never_evaluates_selectors_on_the_event_loop_after_a_slice_changed() -> None:
+    """The pre-filter evaluates a claim's selectors in a worker thread; should a slice change before the decision,
+    the decision waits for another evaluation (None) instead of running cel-python over every device there."""
+    dra = inventory_with({})
+    dra.on_slice("ADDED", slice_of("n1", gpus=2))
+    uuid = dradriver.gpu_uuid("n1", 1)
+    spec = models.GroupSpec.model_validate({"claim": {"deviceClassName": CLASS, "count": 1, "selectors": [
+        f"device.attributes['{dradriver.DRIVER}'].uuid == '{uuid}'"]}})
+
+    class Ctx:  # what draplacing reads of the operator's context
+        pass
+
+    ctx: Any = Ctx()
+    ctx.dra = dra
+    await draplacing.prepare(ctx, spec)
+    snapshot = ledgers.DeviceLedger().snapshot()
+    assert draplacing.narrowed(ctx, spec, snapshot) is not None  # evaluated for the slices as they are
+    dra.on_slice("ADDED", slice_of("n2", gpus=1))  # a slice changes during the pre-filter's other awaits
+    evaluations = []
+    dra.excluded_work = lambda *a: evaluations.append(a) or (lambda: {})  # type: ignore[method-assign]
+    assert draplacing.narrowed(ctx, spec, snapshot) is None
+    assert evaluations == []  # nothing evaluated here: the next cycle's pre-filter does it off the loop
