@@ -323,3 +323,15 @@ async def test_a_list_body_that_is_not_a_list_is_retried_later_never_half_taken(
         await script.api.list_pods(lambda item: item["metadata"]["name"])
     assert caught.value.delay == 1.0
     assert [s.path for s in script.sent] == ["/api/v1/pods?limit=2000"]
+
+
+async def test_an_error_of_the_callers_own_transform_is_not_taken_for_a_bad_list(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    script = Script(monkeypatch, {"metadata": {"resourceVersion": "7"}, "items": [{"metadata": {"name": "a"}}]})
+
+    def transform(item: dict[str, Any]) -> int:
+        return int(item["metadata"]["name"])  # a bug of ours: ValueError, which no retry would cure
+
+    with pytest.raises(ValueError, match="invalid literal"):
+        await script.api.list_pods(transform)

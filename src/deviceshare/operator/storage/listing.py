@@ -15,7 +15,7 @@ body's bytes. A body that is not a list (a proxy's error page answered 200, byte
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar, overload
 from urllib.parse import quote
 
@@ -76,11 +76,11 @@ class Collections(Transport):
             pending = ask(None)
             try:
                 while True:
-                    body = listbodies.ListBody(await pending)
+                    body = _list_body(await pending, what)
                     meta = body.head.get("metadata")  # None: written after the items (a custom resource's list)
                     if meta is not None and meta.get("continue"):
                         pending = ask(str(meta["continue"]))
-                    found = body.items()
+                    found = _items(body, what)
                     items.extend(found if transform is None else map(transform, found))
                     if meta is None:
                         meta = body.head.get("metadata") or {}
@@ -94,9 +94,32 @@ class Collections(Transport):
             except Expired:
                 if attempt == RESTARTS:
                     raise
-            except ValueError as e:  # a 200 whose body is not a list (a proxy's page, bytes mangled on the way)
-                raise RetryLater(f"{what}: the server's answer is not a list: {e}", delay=1.0) from e
             finally:
                 if not pending.done():
                     pending.cancel()
         raise AssertionError("unreachable")
+
+
+def _not_a_list(what: str, e: ValueError) -> RetryLater:
+    """A 200 whose body is not a list (a proxy's page, bytes mangled on the way): a failed read like any other.
+    Only the decoding's errors are this: one a ``transform`` raises is the caller's own bug, not the server's."""
+    return RetryLater(f"{what}: the server's answer is not a list: {e}", delay=1.0)
+
+
+def _list_body(raw: bytes, what: str) -> listbodies.ListBody:
+    try:
+        return listbodies.ListBody(raw)
+    except ValueError as e:
+        raise _not_a_list(what, e) from e
+
+
+def _items(body: listbodies.ListBody, what: str) -> Iterator[Any]:
+    items = body.items()
+    while True:
+        try:
+            item = next(items)
+        except StopIteration:
+            return
+        except ValueError as e:
+            raise _not_a_list(what, e) from e
+        yield item
