@@ -99,6 +99,8 @@ class EnvNames:
         self._resolved_limits: dict[str, LimitEnvNames | None] = {}
 
     def for_resource(self, resource: str) -> tuple[str, ...]:
+        if "/" not in resource:  # a DeviceClass (CONTRACT §13): its devices reach containers through the claim
+            return ()
         found = self._resolved.get(resource)
         if found is None:
             most = _most_specific(self._table, resource)

@@ -47,6 +47,9 @@ class Share:
 
     @classmethod
     def from_spec(cls, share: models.DeviceShare) -> Share:
+        if share.capacity is not None:  # a DRA group's capacity request (CONTRACT §13): memory, as the ledger counts it
+            memory = share.capacity.get("memory")
+            return cls(0, quantities.parse_bytes(memory) if memory is not None else 0, 0)
         return cls(share.compute_milli, share.memory_bytes, share.tiles or 0)
 
     def describe(self) -> str:

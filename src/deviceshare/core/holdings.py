@@ -34,6 +34,7 @@ def check_reservable(
     for resource, ids in wanted.items():
         offered = info.devices.get(resource, ()) if info is not None else ()
         sick = info.unhealthy.get(resource, frozenset()) if info is not None else frozenset()
+        withheld = info.withheld.get(resource, frozenset()) if info is not None else frozenset()
         s = shares.get(resource)
         for device in ids:
             if device not in offered:
@@ -41,6 +42,9 @@ def check_reservable(
                 raise claims.DeviceConflict(node, resource, device, None, detail)
             if device in sick:
                 raise claims.DeviceConflict(node, resource, device, None, "the node reports the device unhealthy")
+            if device in withheld:
+                raise claims.DeviceConflict(node, resource, device, None, "the device is tainted or allocated by "
+                                                                          "another ResourceClaim")
             key = (node, resource, device)
             holders = held.get(key)
             if holders:
@@ -96,14 +100,17 @@ def left_on(
     name: str, info: inventory.NodeInfo, held: Held, uses: Uses
 ) -> tuple[dict[str, tuple[str, ...]], dict[str, tuple[capacity.DeviceLeft, ...]]]:
     """A node's wholly free devices and, per resource, its devices in partial use that can take more
-    (both in inventory order); a device held whole, mixed by a rebuild, or that the node reports unhealthy
-    (CONTRACT §9: no new group on it, whatever the policy) is in neither."""
+    (both in inventory order); a device held whole, mixed by a rebuild, that the node reports unhealthy
+    (CONTRACT §9: no new group on it, whatever the policy) or that DRA withholds (§13) is in neither."""
     free: dict[str, tuple[str, ...]] = {}
     partial: dict[str, tuple[capacity.DeviceLeft, ...]] = {}
     for resource, ids in info.devices.items():
         sick = info.unhealthy.get(resource)
         if sick:
             ids = tuple(d for d in ids if d not in sick)
+        withheld = info.withheld.get(resource)
+        if withheld:
+            ids = tuple(d for d in ids if d not in withheld)
         if not uses:  # the common case, and every node of a cluster without sharing groups
             free[resource] = tuple(d for d in ids if (name, resource, d) not in held)
             continue

@@ -58,6 +58,10 @@ class NodeInfo:
     topology: Mapping[str, topologies.Topology] = field(default_factory=dict)
     unhealthy: Mapping[str, frozenset[str]] = field(default_factory=dict)
     mps_ready: bool = False
+    # Devices offered but given to no new group (Dynamic Resource Allocation, CONTRACT §13): tainted
+    # NoSchedule/NoExecute, or in the allocation of a claim deviceshare did not make. Unlike ``unhealthy`` they
+    # say nothing about a group already holding them.
+    withheld: Mapping[str, frozenset[str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

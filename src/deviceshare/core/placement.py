@@ -58,7 +58,7 @@ class GroupRequest:
         share = capacity.shares_from_spec(spec.share)
         return cls(
             key=key,
-            resources=dict(spec.resources),
+            resources=spec.requested,  # a DRA group's: {DeviceClass: count} (CONTRACT §13)
             node_selector=dict(spec.node_selector),
             strategy=spec.scheduling_strategy,
             share=share,

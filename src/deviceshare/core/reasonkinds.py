@@ -47,6 +47,8 @@ _TAINT = reasons.untolerated_taint("", "").split("{")[0]  # "node(s) had untoler
 _NO_TILES = reasons.no_declared("", "tiles").removesuffix(" for ")
 _NO_MEMORY = reasons.no_declared("", "memory").removesuffix(" for ")
 _INSUFFICIENT = reasons.insufficient("")
+_DRA = re.compile("(?:" + "|".join(re.escape(make("CLASS")).replace("CLASS", r"\S+") for make in (
+    reasons.no_class_device, reasons.no_selected_device, reasons.withheld_devices)) + ")$")
 _DIMENSIONS: Final = {"compute": COMPUTE, "memory": DEVICE_MEMORY, "tiles": TILES}
 
 
@@ -61,6 +63,8 @@ def reason_kind(reason: str) -> str:
         return TILES
     if reason.startswith(_NO_MEMORY):
         return DEVICE_MEMORY
+    if _DRA.match(reason):  # a DRA group's devices (CONTRACT §13)
+        return DEVICES
     if reason.startswith(_INSUFFICIENT):  # "insufficient nvidia.com/gpu" or "... nvidia.com/gpu memory"
         _, _, dimension = reason[len(_INSUFFICIENT):].partition(" ")
         return _DIMENSIONS.get(dimension, DEVICES)

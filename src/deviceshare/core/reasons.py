@@ -38,3 +38,16 @@ INSUFFICIENT_MEMORY: Final = insufficient("memory")
 def no_declared(resource: str, what: str) -> str:
     """A sharing group asks for device memory (or tiles) the node declares none of."""
     return f"no declared device {what} for {resource}"
+
+
+# A DRA group (CONTRACT §13): a node short of devices of its DeviceClass, told apart (core/drareasons.py).
+def no_class_device(device_class: str) -> str:
+    return f"node(s) had no device of DeviceClass {device_class}"
+
+
+def no_selected_device(device_class: str) -> str:
+    return f"node(s) had no {device_class} device the claim's selectors match"
+
+
+def withheld_devices(device_class: str) -> str:
+    return f"node(s) had {device_class} devices tainted or allocated by another ResourceClaim"

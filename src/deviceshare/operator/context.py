@@ -9,15 +9,15 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager
-from typing import Final
+from typing import Any, Final
 
 from deviceshare.core import fgdplacement, nominations
 from deviceshare.core import ledger as ledgers
 
+from . import drainventory, fleetmetrics, settling, storage, tallies
 from . import events as events_
-from . import fleetmetrics, settling, storage, tallies
 from . import metrics as metrics_
 from . import state as state_
 from .config import OperatorConfig
@@ -52,6 +52,14 @@ class GroupLocks:
 
     def __iter__(self) -> Iterator[state_.GroupKey]:
         return iter(self._locks)
+
+
+def held_by(ledger: Callable[[], ledgers.DeviceLedger]) -> Callable[[state_.GroupKey], Mapping[str, Any] | None]:
+    """What the DRA inventory asks the ledger: the devices a group holds (None: nothing)."""
+    def held(group: state_.GroupKey) -> Mapping[str, Any] | None:
+        allocation = ledger().allocation(group)
+        return None if allocation is None else allocation.devices
+    return held
 
 
 class Context:
@@ -102,6 +110,10 @@ class Context:
         )
         self._ledger = ledger if ledger is not None else ledgers.DeviceLedger()
         self._state = state if state is not None else state_.ClusterState()
+        # Dynamic Resource Allocation (CONTRACT §13): slices, classes and claims' allocations (drainventory.py);
+        # replaced with the ledger by :meth:`adopt`. ``dra_served``: the API serves resource.k8s.io/v1.
+        self.dra = drainventory.DraInventory(held_by(lambda: self._ledger))
+        self.dra_served = False
         # schedulingStrategy fgd: the policy and its target workload, learned from the groups placed.
         self._fgd = fgdplacement.FGDPlacement()
         self.metrics.bind_ledger(self._ledger)
@@ -128,9 +140,13 @@ class Context:
         *,
         fgd: fgdplacement.FGDPlacement,
         conflicts: Mapping[state_.GroupKey, set[state_.GroupKey]],
+        dra: drainventory.DraInventory | None = None,
+        dra_served: bool = False,
     ) -> None:
         """Replace everything known about the cluster with a rebuild's result, in one step (no await)."""
         self._ledger, self._state, self._fgd = ledger, state, fgd
+        self.dra = dra if dra is not None else drainventory.DraInventory(held_by(lambda: ledger))
+        self.dra_served = dra_served
         self.metrics.bind_ledger(ledger)
         self.metrics.bind_state(state)
         self.conflicts.clear()

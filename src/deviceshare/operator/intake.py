@@ -22,6 +22,7 @@ from typing import Any
 from deviceshare.core import inventory
 from deviceshare.kube import watching
 
+from . import draintake
 from . import state as state_
 from .context import Context
 from .groupfeed import GroupFeed
@@ -75,6 +76,11 @@ class Intake:
             groups = Feed(self.ctx, "group", lambda: self.ctx.state.groups, self.on_group, self.group_gone)
             self.group_reflector = api.group_reflector(groups, resume_from=resume_from.get("groups"))
             tasks.append(loop.create_task(self.group_reflector.run(), name="watch groups"))
+        if self.ctx.dra_served:  # DRA (CONTRACT §13): slices, classes and claims, into the nodes' views
+            for kind in draintake.KINDS:
+                feed = draintake.DraFeed(kind, lambda: self.ctx.dra, lambda: self.ctx.ledger, self._pods.move_parked)
+                reflector = api.dra_reflector(kind, feed, resume_from=resume_from.get(kind))
+                tasks.append(loop.create_task(reflector.run(), name=f"watch {kind}"))
         return tasks
 
     @property
@@ -92,9 +98,10 @@ class Intake:
         name = str((body.get("metadata") or {}).get("name", ""))
         if event_type == "DELETED":
             ledger.remove_node(name)
+            self.ctx.dra.node_gone(name)
             self._groups.request_node(name)
             return
-        node = inventory.node_from_object(body)
+        node = self.ctx.dra.node(inventory.node_from_object(body))  # with its DRA devices (drainventory.py)
         old = ledger.node(name)
         if old == node:
             return  # a heartbeat: nothing placement cares about changed

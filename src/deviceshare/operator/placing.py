@@ -27,7 +27,7 @@ from deviceshare.core import gang, nominations, placement
 from deviceshare.core import ledger as ledgers
 from deviceshare.core import members as member_rules
 
-from . import quotas, statuses, storage
+from . import draplacing, quotas, statuses, storage
 from . import state as state_
 from .context import Context
 
@@ -68,6 +68,7 @@ class GroupPlacer:
         if short is not None:  # a gang short of members: nothing is written, nothing held
             ctx.unschedulable[group.key] = short.message()
             return NotPlaced(short.message())
+        await draplacing.prepare(ctx, spec)  # DRA hook: claim selectors evaluated off the event loop
         budget = await quotas.read(self.quotas, ctx.api, group.key[0])  # checked after the last await
         marked = await self._ensure_finalizer(group, spec)
         if marked is None:
@@ -120,7 +121,7 @@ class GroupPlacer:
     ) -> tuple[ledgers.Allocation, gang.Start] | NotPlaced:
         """Quota, then filter + score + permit in one core call, reserved in the ledger; or why not."""
         ctx = self.ctx
-        over = quotas.refusal(ctx.ledger, group.key, dict(spec.resources), budget)
+        over = quotas.refusal(ctx.ledger, group.key, dict(spec.resources), budget) or draplacing.refusal(spec)
         if over is not None:
             return NotPlaced(over)
         request = placement.GroupRequest.from_spec(group.key, spec, mps=ctx.config.mps)
@@ -129,10 +130,11 @@ class GroupPlacer:
         snapshot = nominations.overlay(ctx.ledger.snapshot(), live, ctx.state.priority(group.key), group.key)
         together = gang.demand([m.demand for m in members[: gang.needed(spec.min_members)]])
         policy = ctx.fgd.for_pod(together) if spec.scheduling_strategy == "fgd" else None
-        verdict = gang.permit(snapshot, request, spec.min_members, members, policy)
+        verdict = gang.permit(draplacing.narrowed(ctx, spec, snapshot), request, spec.min_members, members, policy)
         if isinstance(verdict, gang.WaitingForMembers):
             return NotPlaced(verdict.message())
         if isinstance(verdict, placement.Unschedulable):
+            verdict = draplacing.explained(ctx, spec, verdict, snapshot, request, together)  # DRA hook: its reasons
             return NotPlaced(gang.describe(verdict, spec.min_members), unschedulable=verdict)
         chosen = verdict.placement
         allocation = ctx.ledger.reserve(group.key, chosen.node, chosen.devices, request.share, chosen.tiles)

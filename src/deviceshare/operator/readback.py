@@ -109,3 +109,34 @@ def eviction(pod: Mapping[str, Any] | None, *, uid: str) -> Seen:
     if pod is None or meta.get("uid") != uid or meta.get("deletionTimestamp"):
         return Seen.LANDED
     return Seen.NOT_YET
+
+
+def _claim_results(allocation: Any) -> list[tuple[str, str, str, str, str]] | None:
+    if not isinstance(allocation, Mapping):
+        return None
+    results = (allocation.get("devices") or {}).get("results") or []
+    return sorted((str(r.get("request")), str(r.get("driver")), str(r.get("pool")), str(r.get("device")),
+                   str(r.get("shareID") or "")) for r in results if isinstance(r, Mapping))
+
+
+def claim_status(
+    claim: Mapping[str, Any] | None, *, uid: str, written: Mapping[str, Any], precondition: str
+) -> Seen:
+    """A merge patch of a ResourceClaim's ``status`` (``allocation``, ``reservedFor``), conditional on
+    ``precondition``: LANDED when the claim shows the allocation's results (``None``: none) and exactly the
+    consumers (by uid) we wrote; the API server may add fields of its own (``allocationTimestamp``)."""
+    meta = _meta(claim)
+    if claim is None or meta.get("uid") != uid:
+        return Seen.GONE
+    shown = claim.get("status") or {}
+    landed = True
+    if "allocation" in written:
+        landed = _claim_results(shown.get("allocation")) == _claim_results(written["allocation"])
+    if "reservedFor" in written:
+        uids = sorted(str(c.get("uid")) for c in (written["reservedFor"] or []))
+        landed = landed and sorted(str(c.get("uid")) for c in (shown.get("reservedFor") or [])) == uids
+    if landed:
+        return Seen.LANDED
+    if str(meta.get("resourceVersion", "")) == precondition:
+        return Seen.NOT_YET
+    return Seen.OVERTAKEN

@@ -28,7 +28,7 @@ from deviceshare.api import names
 from deviceshare.core import ledger as ledgers
 from deviceshare.core import nominations
 
-from . import draclaims, statuses, storage
+from . import draallocation, draclaims, statuses, storage
 from . import state as state_
 from .context import Context
 from .queueing import ReconcileQueue
@@ -97,6 +97,8 @@ class GroupReconciler:
 
         if group is None:
             self._new_groups.pop(gkey, None)
+            if allocation is not None and not on_devices:  # DRA hook: the claim's allocation cleared first
+                await self._release_claim(None, gkey, allocation)
             if self._claims.known(gkey):  # someone else removed its finalizer: its claim goes once nothing holds it
                 await self._claims.release(gkey)
             # Gone from the API (its finalizer removed by someone else): still never free devices under a pod.
@@ -115,6 +117,8 @@ class GroupReconciler:
             if on_devices:
                 await self._write_status(group, phase=names.PHASE_RELEASING)
                 return False
+            # DRA: the claim's reservedFor and allocation cleared (draallocation), then the claim deleted (draclaims).
+            await self._release_claim(group, gkey, allocation)
             if draclaims.may_have_claim(group, self._claims) and not await self._claims.release(gkey):
                 return False  # its ResourceClaim first: still allocated or reserved, looked at again shortly
             # The API stops showing the claim once our finalizer is gone; only then may the ledger
@@ -145,9 +149,19 @@ class GroupReconciler:
                 # record read before would wipe that reason until the group is placed again.
                 return await self._release_lost(group, node_lost)
             await self._restore_pod_annotations(gkey, allocation, on_devices)
+            if draallocation.is_dra(group):  # DRA hook: members that are gone leave the claim's reservedFor
+                await draallocation.prune_reserved(ctx, gkey, (p.uid for p in ctx.state.live_members(gkey)))
 
         await self._write_status(group, node_lost=node_lost)
         return False
+
+    async def _release_claim(
+        self, group: state_.GroupRecord | None, gkey: state_.GroupKey, allocation: ledgers.Allocation | None
+    ) -> None:
+        """DRA hook (CONTRACT §13): before the ledger gives a DRA group's devices back, its claim's reservedFor and
+        allocation are cleared (draallocation.py); a failure raises, so the devices stay held until a later try."""
+        if draallocation.holds_claim(self.ctx, group, gkey):
+            await draallocation.release_claim_allocation(self.ctx, gkey, allocation)
 
     def _node_lost(self, name: str) -> str | None:
         node = self.ctx.ledger.node(name)
@@ -203,6 +217,7 @@ class GroupReconciler:
         self.ctx.state.keep(await self.ctx.api.patch_group_status(
             group.key, statuses.preempted(group, why), uid=group.uid, resource_version=group.resource_version
         ))
+        await self._release_claim(group, group.key, self.ctx.ledger.allocation(group.key))
         self.ctx.ledger.release(group.key)
         del self.ctx.preempted[group.key]
         self._forget_conflicts(group.key)
@@ -213,6 +228,7 @@ class GroupReconciler:
         self.ctx.state.keep(await self.ctx.api.patch_group_status(
             group.key, statuses.node_lost(group, why), uid=group.uid, resource_version=group.resource_version
         ))
+        await self._release_claim(group, group.key, self.ctx.ledger.allocation(group.key))
         self.ctx.ledger.release(group.key)
         self.ctx.metrics.group_on_unhealthy(group.key, False)
         self.ctx.event(group, "NodeLost", f"{why}; devices released, the group will be placed again", warning=True)

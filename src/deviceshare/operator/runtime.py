@@ -29,10 +29,10 @@ from collections.abc import Iterator
 from deviceshare.core import fgdplacement, inventory
 from deviceshare.core import ledger as ledgers
 
+from . import context, draintake, drainventory, storage
 from . import leadership as leadership_
 from . import rebuild as rebuild_
 from . import state as state_
-from . import storage
 from .context import Context
 from .deciding import Deciding, queue_order
 from .intake import Intake
@@ -143,18 +143,20 @@ class Runtime:
         with _collector_paused():
             # Page by page, each page made into records as it arrives (storage/listing.py): the bodies of 150,000
             # pods never sit in memory together.
-            node_list, group_list, pod_list = await asyncio.gather(
+            node_list, group_list, pod_list, dra_listed = await asyncio.gather(
                 ctx.api.list_nodes(inventory.node_from_object), ctx.api.list_groups(state_.group_record),
-                ctx.api.list_pods(state_.pod_record),
+                ctx.api.list_pods(state_.pod_record), draintake.list_all(ctx.api),
             )
             self._listed = {"nodes": node_list.resource_version, "groups": group_list.resource_version,
-                            "pods": pod_list.resource_version}
+                            "pods": pod_list.resource_version, **(dra_listed.versions or {})}
             nodes, groups, records = node_list.items, group_list.items, pod_list.items
             del node_list, group_list, pod_list
             counts = (len(nodes), len(groups), len(records))
             ledger = ledgers.DeviceLedger()
+            dra = drainventory.DraInventory(context.held_by(lambda: ledger))
+            draintake.fill(dra, dra_listed)
             for node in nodes:
-                ledger.upsert_node(node)
+                ledger.upsert_node(dra.node(node))
             state = state_.ClusterState()
             for record in groups:
                 state.upsert_group(record)
@@ -169,11 +171,13 @@ class Runtime:
                 (pod.key, pod.node_name, pod.demand.cpu_milli, pod.demand.memory_bytes)
                 for pod in records if pod.on_devices and pod.node_name
             )
-            report = ledger.rebuild(sorted_claims.claims)
+            # Our groups' own ResourceClaims are records of ours too (draintake.our_claims); a status wins.
+            report = ledger.rebuild(sorted_claims.claims + draintake.our_claims(dra, state.groups))
+            draintake.refresh_all(dra, ledger)  # which claims are ours depends on what the ledger now holds
             ctx.adopt(ledger, state, conflicts=rebuild_.contested(report), fgd=fgdplacement.FGDPlacement(
                 fgdplacement.seed_histogram((g.spec, [p.demand for p in state.members(g.key)])
                                             for g in state.groups.values() if g.spec is not None)
-            ))
+            ), dra=dra, dra_served=dra_listed.versions is not None)
             rebuild_.announce(ctx, report, sorted_claims.untrusted)
             for pod in state.pods.values():
                 if self.scheduler.is_ours(pod):

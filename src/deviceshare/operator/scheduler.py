@@ -37,7 +37,7 @@ from deviceshare.api import names
 from deviceshare.core import joining, placement
 from deviceshare.core import ledger as ledgers
 
-from . import placing, preempting, quotas, settling, statuses, storage
+from . import draallocation, placing, preempting, quotas, settling, statuses, storage
 from . import state as state_
 from .context import Context
 
@@ -200,6 +200,11 @@ class PodScheduler:
         # The node's hand-over (CONTRACT §12) adds what its container runtime reads, in the same Binding.
         handover = ctx.config.handovers.for_node(node.labels if node else None)
         annotations.update(handover.pod_annotations(allocation.devices, [c.name for c in pod.containers]))
+        if draallocation.is_dra(group):  # DRA hook (CONTRACT §13): claim allocated, pod reserved, before binding
+            try:
+                await draallocation.reserve_for(ctx, group, allocation, pod)
+            except storage.Invalid as e:
+                return Outcome(Result.REFUSED, f"the group's ResourceClaim cannot be used: {e}")
         # Written ahead: should the Binding land unseen (its answer lost), the pod is still our member, so its
         # group never releases the devices under it.
         ctx.state.record_binding(pod.key, pod.uid, group.name)
@@ -267,4 +272,10 @@ class PodScheduler:
         else:
             logger.warning("group %s/%s kept changing while its placement was rolled back; devices stay held", *gkey)
             return
+        if draallocation.holds_claim(ctx, group, gkey):  # DRA hook: the claim's allocation goes before the ledger's
+            try:
+                await draallocation.release_claim_allocation(ctx, gkey, allocation)
+            except Exception as e:
+                logger.warning("could not release the ResourceClaim of group %s/%s (devices stay held): %s", *gkey, e)
+                return
         ctx.ledger.release(gkey)

@@ -21,8 +21,7 @@ from deviceshare.kube import watching
 from .. import readback
 from .. import state as state_
 from ..readback import Seen
-from . import listing
-from .draclaims import ClaimWrites
+from . import drastatus
 from .errors import READ_BACK_TRIES, Conflict, Gone, TooManyRequests, Uncertain
 from .eventwrites import EventWrites
 from .transport import (
@@ -40,10 +39,10 @@ from .transport import (
 logger = logging.getLogger(__name__)
 
 
-class ClusterApi(listing.Collections, EventWrites, ClaimWrites):
+class ClusterApi(drastatus.DraReads, EventWrites):
     """Every read the operator makes outside its watches, and every write (lists of nodes, pods and groups: see
     :class:`.listing.Collections`; Events: :class:`.eventwrites.EventWrites`; a DRA group's ResourceClaim object:
-    :class:`.draclaims.ClaimWrites`)."""
+    :class:`.draclaims.ClaimWrites`; the DRA watches and a claim's status: :class:`.drastatus.DraReads`)."""
 
     def node_reflector(self, sink: watching.Sink, *, resume_from: str | None = None) -> watching.Reflector:
         """A list+watch of every node, feeding ``sink`` (``resume_from``: see :class:`watching.Reflector`)."""

@@ -15,7 +15,7 @@ Kept apart from ``cluster.py`` (a mixin of :class:`~.cluster.ClusterApi`, like `
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from deviceshare.api import names
@@ -98,18 +98,28 @@ class ClaimWrites(Transport):
         our finalizer was its last and it was being deleted)."""
         what = f"patch finalizers of resourceclaim {names.key_text(key)}"
         body = {"metadata": {"uid": uid, "finalizers": list(finalizers), "resourceVersion": resource_version}}
+        return await self.patch_claim(
+            key, "", what, body, RESOURCE,
+            lambda c: finalizers_seen(c, uid=uid, written=finalizers, precondition=resource_version),
+        )
+
+    async def patch_claim(
+        self, key: ClaimKey, subresource: str, what: str, body: Mapping[str, Any], resource: str,
+        judge: Callable[[dict[str, Any] | None], Seen],
+    ) -> dict[str, Any] | None:
+        """A conditional merge patch of the claim (``subresource``: "" or "/status"), its lost answer resolved by
+        ``judge`` on the claim read back: sent again while the claim still shows the version it was conditional
+        on (only one of two such copies can land), until it shows what we wrote. The claim as it is now (None:
+        deleted meanwhile, when that is what landing means)."""
         for _ in range(READ_BACK_TRIES):
             try:
                 data: dict[str, Any] = await self._write(
-                    "PATCH", claim_path(key), what, body, verb="patch", resource=RESOURCE, content_type=MERGE_PATCH,
-                    resolved_by_caller=True,
+                    "PATCH", claim_path(key) + subresource, what, dict(body), verb="patch", resource=resource,
+                    content_type=MERGE_PATCH, resolved_by_caller=True,
                 )
                 return data
             except Uncertain:
-                seen, shown = await self._resolve(
-                    what, "patch", RESOURCE, lambda: self.read_claim(key),
-                    lambda c: finalizers_seen(c, uid=uid, written=finalizers, precondition=resource_version),
-                )
+                seen, shown = await self._resolve(what, "patch", resource, lambda: self.read_claim(key), judge)
             if seen is Seen.LANDED:
                 return shown
             if seen is Seen.GONE:

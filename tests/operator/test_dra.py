@@ -1,0 +1,262 @@
+"""Groups on Dynamic Resource Allocation end to end (CONTRACT §13): the real operator allocates each group's
+ResourceClaim from the sandbox driver's ResourceSlices, and the sandbox kubelet starts a member only when the
+claim is allocated on its node and reserves it (``FailedPrepareDynamicResources`` otherwise).
+
+The claim and the pods' wiring are made here as the operator and the webhook make them (``tests/operator/dra.py``),
+so what is tested is the allocation: which devices, on which node, written before each Binding, released after.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from deviceshare.api import names
+from deviceshare.sandbox import Sandbox
+from tests import waiting
+from tests.operator import dra
+from tests.operator.conftest import RunningOperator, operator_config, start_operator
+from tests.operator.kube import Kube
+
+NS = "ml"
+CLASS = dra.CLASS
+
+
+@pytest.fixture
+def sandbox_options(request: pytest.FixtureRequest) -> dict[str, object]:
+    return getattr(request, "param", {"nodes": 2, "gpus": 4, "dra": True})
+
+
+def condition(group: dict[str, Any], kind: str = "Scheduled") -> dict[str, Any]:
+    return next((c for c in (group.get("status") or {}).get("conditions") or [] if c["type"] == kind), {})
+
+
+async def test_two_members_bind_on_one_node_with_one_allocation_reserved_for_both(
+    cluster: Sandbox, kube: Kube, operator: RunningOperator
+) -> None:
+    await dra.create_dra_group(kube, NS, "trainer", 2)
+    for pod in ("trainer-0", "trainer-1"):
+        await dra.create_member(kube, NS, pod, "trainer")
+    bound = [await kube.wait_bound(NS, p) for p in ("trainer-0", "trainer-1")]
+    node = bound[0]["spec"]["nodeName"]
+    assert {p["spec"]["nodeName"] for p in bound} == {node}
+
+    claim = await dra.claim(kube, NS, "trainer-devices")
+    assert claim is not None
+    devices = dra.allocated(claim)
+    assert len(devices) == 2 and all(d.startswith(f"{node}/gpu-") for d in devices)
+    assert dra.reserved(claim) == ["trainer-0", "trainer-1"]
+    allocation = claim["status"]["allocation"]
+    assert allocation["nodeSelector"] == {"nodeSelectorTerms": [
+        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]}
+    assert {r["request"] for r in allocation["devices"]["results"]} == {"devices"}
+    group = await kube.wait_group(NS, "trainer", lambda g: g["status"].get("memberCount") == 2, "2 members")
+    assert group["status"]["nodeName"] == node
+    assert group["status"]["allocatedDevices"] == {CLASS: devices}
+
+    # The kubelet prepared the claim once and gave both containers the same CDI devices; no env var names them.
+    assert cluster.kubelet is not None
+    await waiting.until(lambda: all((NS, p) in cluster.kubelet.started_cdi for p in ("trainer-0", "trainer-1")),
+                        "both members started")
+    cdi = [cluster.kubelet.started_cdi[(NS, p)]["main"] for p in ("trainer-0", "trainer-1")]
+    assert cdi[0] == cdi[1] and len(cdi[0]) == 2
+    assert all(c.startswith(f"k8s.gpu.nvidia.com/claim={claim['metadata']['uid']}-gpu-") for c in cdi[0])
+    for p in bound:
+        assert not any(k.startswith(names.POD_ENV_ANNOTATION_PREFIX) for k in p["metadata"].get("annotations", {}))
+
+    # The same GPUs are never offered again as the extended resource the node also advertises.
+    await kube.create_group(NS, "plugin", {"nvidia.com/gpu": 3})
+    await kube.create_pod(NS, "plugin-0", "plugin", node_selector={"kubernetes.io/hostname": node})
+    waiting_group = await kube.wait_group(NS, "plugin", lambda g: bool(condition(g).get("message")), "a reason")
+    assert "insufficient nvidia.com/gpu" in condition(waiting_group)["message"]
+
+    # A member that is gone leaves reservedFor; the other keeps the allocation.
+    await kube.delete_pod(NS, "trainer-1")
+
+    async def one_left() -> bool:
+        return dra.reserved(await dra.claim(kube, NS, "trainer-devices")) == ["trainer-0"]
+
+    await kube.wait_for(one_left, "trainer-1 gone from reservedFor")
+    assert dra.allocated(await dra.claim(kube, NS, "trainer-devices")) == devices
+
+    # Released: the group deleted while its last member runs waits; then reservedFor emptied, allocation cleared.
+    await kube.delete_group(NS, "trainer")
+    releasing = await kube.wait_group(NS, "trainer", lambda g: g["status"].get("phase") == "Releasing", "Releasing")
+    assert releasing["status"]["allocatedDevices"] == {CLASS: devices}
+    assert dra.allocated(await dra.claim(kube, NS, "trainer-devices")) == devices
+    await kube.delete_pod(NS, "trainer-0")
+
+    async def cleared() -> bool:
+        body = await dra.claim(kube, NS, "trainer-devices")
+        return body is None or not (body.get("status") or {}).get("allocation")
+
+    await kube.wait_for(cleared, "the claim's allocation cleared")
+
+
+async def test_a_device_another_claim_allocated_is_never_taken(
+    cluster: Sandbox, kube: Kube, operator: RunningOperator
+) -> None:
+    # kube-scheduler allocated gpu-0..gpu-2 of gpu-node-0 for a claim deviceshare did not make.
+    await dra.allocate_foreign(kube, "other", "theirs", "gpu-node-0", ["gpu-0", "gpu-1", "gpu-2"])
+    await dra.create_dra_group(kube, NS, "a", 1)
+    await dra.create_member(kube, NS, "a-0", "a")
+    await kube.wait_bound(NS, "a-0")
+    # binpack takes the fullest node that fits: gpu-node-0's one device left.
+    assert dra.allocated(await dra.claim(kube, NS, "a-devices")) == ["gpu-node-0/gpu-3"]
+    await dra.create_dra_group(kube, NS, "b", 4)
+    await dra.create_member(kube, NS, "b-0", "b")
+    await kube.wait_bound(NS, "b-0")
+    assert dra.allocated(await dra.claim(kube, NS, "b-devices")) == [f"gpu-node-1/gpu-{i}" for i in range(4)]
+    await dra.create_dra_group(kube, NS, "c", 1)
+    await dra.create_member(kube, NS, "c-0", "c")
+    waited = await kube.wait_group(NS, "c", lambda g: bool(condition(g).get("message")), "a reason")
+    assert condition(waited)["message"] == (f"0/2 nodes are available: 1 insufficient {CLASS}, 1 node(s) had "
+                                            f"{CLASS} devices tainted or allocated by another ResourceClaim.")
+    every = [d for c in await dra.claims(kube) for d in dra.allocated(c)]
+    assert len(every) == len(set(every)) == 8
+
+
+async def test_tainted_devices_get_nothing_new(cluster: Sandbox, kube: Kube, operator: RunningOperator) -> None:
+    for node in ("gpu-node-0", "gpu-node-1"):
+        for device in ("gpu-0", "gpu-1", "gpu-2"):
+            await dra.taint_device(kube, node, device, "NoSchedule" if node.endswith("0") else "NoExecute")
+    await dra.create_dra_group(kube, NS, "two", 2)
+    await dra.create_member(kube, NS, "two-0", "two")
+    waited = await kube.wait_group(NS, "two", lambda g: bool(condition(g).get("message")), "a reason")
+    assert condition(waited)["message"] == (f"0/2 nodes are available: 2 node(s) had {CLASS} devices tainted or "
+                                            "allocated by another ResourceClaim.")
+    await dra.create_dra_group(kube, NS, "one", 1)
+    await dra.create_member(kube, NS, "one-0", "one")
+    await kube.wait_bound(NS, "one-0")
+    assert dra.allocated(await dra.claim(kube, NS, "one-devices")) in (["gpu-node-0/gpu-3"], ["gpu-node-1/gpu-3"])
+
+
+async def test_claim_selectors_narrow_the_devices(cluster: Sandbox, kube: Kube, operator: RunningOperator) -> None:
+    uuid = next(d["attributes"]["uuid"]["string"] for s in await dra.slices(kube)
+                if s["spec"]["nodeName"] == "gpu-node-1" for d in s["spec"]["devices"] if d["name"] == "gpu-2")
+    selector = f"device.attributes['{dra.DRIVER}'].uuid == '{uuid}'"
+    await dra.create_dra_group(kube, NS, "picky", 1, selectors=[selector])
+    await dra.create_member(kube, NS, "picky-0", "picky")
+    await kube.wait_bound(NS, "picky-0")
+    assert dra.allocated(await dra.claim(kube, NS, "picky-devices")) == ["gpu-node-1/gpu-2"]
+
+
+async def test_a_gang_of_dra_members_starts_in_one_cycle(
+    cluster: Sandbox, kube: Kube, operator: RunningOperator
+) -> None:
+    await dra.create_dra_group(kube, NS, "gang", 2, minMembers=3)
+    for pod in ("gang-0", "gang-1"):
+        await dra.create_member(kube, NS, pod, "gang")
+    waited = await kube.wait_group(NS, "gang", lambda g: condition(g).get("reason") == "WaitingForMembers", "waits")
+    assert not (waited["status"].get("allocatedDevices"))
+    assert dra.allocated(await dra.claim(kube, NS, "gang-devices")) == []
+    registry = operator.memo.runtime.ctx.metrics.registry
+    before = registry.get_sample_value("deviceshare_placements_total", {"result": "bound"}) or 0.0
+    await dra.create_member(kube, NS, "gang-2", "gang")
+    bound = [await kube.wait_bound(NS, p) for p in ("gang-0", "gang-1", "gang-2")]
+    after = registry.get_sample_value("deviceshare_placements_total", {"result": "bound"}) or 0.0
+    assert after - before == 1, "the gang was not bound in one scheduling cycle"
+    assert len({p["spec"]["nodeName"] for p in bound}) == 1
+    assert dra.reserved(await dra.claim(kube, NS, "gang-devices")) == ["gang-0", "gang-1", "gang-2"]
+
+
+async def test_fgd_places_dra_groups(cluster: Sandbox, kube: Kube, operator: RunningOperator) -> None:
+    await dra.create_dra_group(kube, NS, "f", 3, schedulingStrategy="fgd")
+    await dra.create_member(kube, NS, "f-0", "f")
+    pod = await kube.wait_bound(NS, "f-0")
+    devices = dra.allocated(await dra.claim(kube, NS, "f-devices"))
+    assert len(devices) == 3 and all(d.startswith(pod["spec"]["nodeName"] + "/") for d in devices)
+
+
+async def test_a_lost_answer_on_the_claim_write_is_read_back(
+    cluster: Sandbox, kube: Kube, operator: RunningOperator
+) -> None:
+    fault = cluster.inject_fault("PATCH", r"/resourceclaims/lost-devices/status$", status=504, applied=True)
+    await dra.create_dra_group(kube, NS, "lost", 1)
+    await dra.create_member(kube, NS, "lost-0", "lost")
+    await kube.wait_bound(NS, "lost-0")
+    assert fault.fired == 1
+    claim = await dra.claim(kube, NS, "lost-devices")
+    assert len(dra.allocated(claim)) == 1 and dra.reserved(claim) == ["lost-0"]
+    writes = operator.memo.runtime.ctx.metrics.registry.get_sample_value(
+        "deviceshare_api_writes_total", {"verb": "patch", "resource": "resourceclaims/status",
+                                         "result": "uncertain_resolved"})
+    assert writes == 1
+
+
+async def test_a_restarted_operator_keeps_what_the_claims_show(cluster: Sandbox, kube: Kube) -> None:
+    running = await start_operator(operator_config(cluster))
+    try:
+        await dra.create_dra_group(kube, NS, "kept", 3)
+        await dra.create_member(kube, NS, "kept-0", "kept")
+        await kube.wait_bound(NS, "kept-0")
+    finally:
+        await running.stop()
+    running = await start_operator(operator_config(cluster))
+    try:
+        # A second group of 3 cannot go where the first holds 3 of 4: it takes the other node whole.
+        await dra.create_dra_group(kube, NS, "next", 3)
+        await dra.create_member(kube, NS, "next-0", "next")
+        await dra.create_member(kube, NS, "kept-1", "kept")
+        await kube.wait_bound(NS, "next-0")
+        await kube.wait_bound(NS, "kept-1")
+        every = [d for c in await dra.claims(kube) for d in dra.allocated(c)]
+        assert len(every) == len(set(every)) == 6
+        assert dra.reserved(await dra.claim(kube, NS, "kept-devices")) == ["kept-0", "kept-1"]
+    finally:
+        await running.stop()
+
+
+async def test_a_higher_priority_dra_group_preempts_a_lower_one_by_eviction(
+    cluster: Sandbox, kube: Kube, operator: RunningOperator
+) -> None:
+    for name, value in (("low", 10), ("high", 1000)):
+        await kube.create_priority_class(name, value)
+    for group, count in (("low-a", 3), ("low-b", 3)):
+        await dra.create_dra_group(kube, NS, group, count)
+        await dra.create_member(kube, NS, f"{group}-0", group, priority_class="low")
+        await kube.wait_bound(NS, f"{group}-0")
+    victims = {g: dra.allocated(await dra.claim(kube, NS, f"{g}-devices")) for g in ("low-a", "low-b")}
+
+    await dra.create_dra_group(kube, NS, "urgent", 4)
+    await dra.create_member(kube, NS, "urgent-0", "urgent", priority_class="high")
+    urgent = await kube.wait_bound(NS, "urgent-0")
+    node = urgent["spec"]["nodeName"]
+    evicted = next(g for g, devices in victims.items() if devices[0].startswith(node + "/"))
+    assert await kube.pod(NS, f"{evicted}-0") is None  # evicted through the Eviction API
+    preempted = await kube.group(NS, evicted)
+    assert preempted is not None and condition(preempted)["reason"] == "Preempted"
+    # The victim's claim was released before the preemptor's was allocated: never a device in two allocations.
+    assert dra.allocated(await dra.claim(kube, NS, f"{evicted}-devices")) == []
+    assert dra.allocated(await dra.claim(kube, NS, "urgent-devices")) == [f"{node}/gpu-{i}" for i in range(4)]
+    every = [d for c in await dra.claims(kube) for d in dra.allocated(c)]
+    assert len(every) == len(set(every)) == 7
+
+
+@pytest.mark.parametrize("sandbox_options", [{"nodes": 1, "gpus": 1, "dra": True, "dra_shared": True}],
+                         indirect=True)
+async def test_memory_shares_of_a_device_that_allows_multiple_allocations(
+    cluster: Sandbox, kube: Kube, operator: RunningOperator
+) -> None:
+    share = {CLASS: {"capacity": {"memory": "40Gi"}}}
+    for group in ("s1", "s2"):
+        await dra.create_dra_group(kube, NS, group, 1, share=share)
+        await dra.create_member(kube, NS, f"{group}-0", group)
+        await kube.wait_bound(NS, f"{group}-0")
+    results = []
+    for group in ("s1", "s2"):
+        claim = await dra.claim(kube, NS, f"{group}-devices")
+        assert claim is not None
+        results += claim["status"]["allocation"]["devices"]["results"]
+    assert [(r["pool"], r["device"], r["consumedCapacity"]) for r in results] == [
+        ("gpu-node-0", "gpu-0", {"memory": "40Gi"})] * 2
+    assert len({r["shareID"] for r in results}) == 2
+    assert cluster.kubelet is not None
+    await waiting.until(lambda: all((NS, p) in cluster.kubelet.started_cdi for p in ("s1-0", "s2-0")), "started")
+    # The sandbox GPU has 80Gi: a third share of 40Gi does not fit beside the two.
+    await dra.create_dra_group(kube, NS, "s3", 1, share=share)
+    await dra.create_member(kube, NS, "s3-0", "s3")
+    waited = await kube.wait_group(NS, "s3", lambda g: bool(condition(g).get("message")), "a reason")
+    assert "0/1 nodes are available" in condition(waited)["message"]
+    assert dra.allocated(await dra.claim(kube, NS, "s3-devices")) == []
