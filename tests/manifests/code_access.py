@@ -88,6 +88,7 @@ def _functions(trees: list[ast.Module]) -> dict[str, ast.FunctionDef]:
 # Request helpers: name -> (its HTTP method, or the index of the argument that gives it; the path's index).
 REQUESTS: dict[str, tuple[str | int, int]] = {
     "_call": (0, 1), "_write": (0, 1), "_lease_write": (0, 1), "_list": ("GET", 0), "_group_write": ("PATCH", 0),
+    "_claim_write": ("PATCH", 0),
 }
 
 
@@ -160,6 +161,11 @@ _REFLECTED_CUSTOM = re.compile(
     r"k8s\.CustomObjectsApi\(self\._client\)\.list_cluster_custom_object,\s*names\.GROUP,\s*names\.VERSION,"
     r"\s*names\.PLURAL"
 )
+# The DRA reflectors (storage/drastatus.py): one call site, for each kind of its WATCHED tuple (read from its AST).
+_REFLECTED_DRA = re.compile(
+    r"k8s\.CustomObjectsApi\(self\._client\)\.list_cluster_custom_object,\s*names\.DRA_API_GROUP,\s*VERSION,"
+    r"\s*plural\)"
+)
 
 
 def storage_reflected(path: Path | None = None) -> set[Access]:
@@ -167,12 +173,34 @@ def storage_reflected(path: Path | None = None) -> set[Access]:
     source = storage_source(path or STORAGE)
     if (_REFLECTED.search(source) or "CustomObjectsApi" in source) and "watching.Reflector(" not in source:
         raise UnresolvedCall("a list call in the storage module that no Reflector uses")
-    if source.count("CustomObjectsApi(") != len(_REFLECTED_CUSTOM.findall(source)):
+    readable = len(_REFLECTED_CUSTOM.findall(source)) + len(_REFLECTED_DRA.findall(source))
+    if source.count("CustomObjectsApi(") != readable:
         raise UnresolvedCall("a CustomObjectsApi call in the storage module this check cannot read")
     needs = {Access("", _core_plural(m), v) for m in _REFLECTED.findall(source) for v in ("list", "watch")}
     if _REFLECTED_CUSTOM.search(source):
         needs |= {Access(names.GROUP, names.PLURAL, v) for v in ("list", "watch")}
+    if _REFLECTED_DRA.search(source):
+        needs |= {Access(names.DRA_API_GROUP, kind, v) for kind in _dra_watched() for v in ("list", "watch")}
     return needs
+
+
+def _dra_watched(path: Path = STORAGE / "drastatus.py") -> tuple[str, ...]:
+    """The kinds of ``WATCHED = (SLICES, CLASSES, CLAIMS)``, their values read from the module's constants."""
+    tree = ast.parse(path.read_text())
+    constants: dict[str, str] = {}
+    watched: list[str] = []
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Tuple):
+            targets = node.targets[0]
+            if isinstance(targets, ast.Tuple):
+                for name, value in zip(targets.elts, node.value.elts, strict=True):
+                    if isinstance(name, ast.Name) and isinstance(value, ast.Constant):
+                        constants[name.id] = str(value.value)
+            elif isinstance(targets, ast.Name) and targets.id == "WATCHED":
+                watched = [constants[e.id] for e in node.value.elts if isinstance(e, ast.Name)]
+    if not watched:
+        raise UnresolvedCall("storage/drastatus.py has no readable WATCHED tuple")
+    return tuple(watched)
 
 
 def api_client_uses(package: Path) -> Iterator[str]:

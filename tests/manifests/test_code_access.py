@@ -40,10 +40,12 @@ def test_every_storage_call_is_read(tmp_path: Path) -> None:
     calls = code_access.storage_calls()
     source = code_access.storage_source()
     sites = sum(source.count(f"self.{helper}(") for helper in code_access.REQUESTS)
-    # _list and _lease_write pass their parameters on to _call, _group_write to _write: not call sites.
-    assert len(calls) == sites - 3 == len(code_access.storage_call_sites())
+    # _list and _lease_write pass their parameters on to _call, _group_write and _claim_write to _write: not call
+    # sites.
+    assert len(calls) == sites - 4 == len(code_access.storage_call_sites())
     assert ("POST", "/api/v1/namespaces/{}/pods/{}/binding") in calls
     assert ("PATCH", "/apis/deviceshare.io/v1alpha1/namespaces/{}/shareddevicegroups/{}/status") in calls
+    assert ("PATCH", "/apis/resource.k8s.io/v1/namespaces/{}/resourceclaims/{}/status") in calls
 
 
 def test_a_new_call_shows_up_and_an_opaque_one_is_refused(tmp_path: Path) -> None:
@@ -97,6 +99,9 @@ def test_the_operator_watches_nodes_pods_groups_and_quotas_with_its_own_reflecto
         Access("", "pods", "list"), Access("", "pods", "watch"),
         Access("", "resourcequotas", "list"), Access("", "resourcequotas", "watch"),
         Access("deviceshare.io", "shareddevicegroups", "list"), Access("deviceshare.io", "shareddevicegroups", "watch"),
+        # DRA (CONTRACT §13): the slices, classes and claims the allocation reads (storage/drastatus.py)
+        *(Access("resource.k8s.io", kind, verb) for kind in ("resourceslices", "deviceclasses", "resourceclaims")
+          for verb in ("list", "watch")),
     }
     assert Access("", "pods", "watch") in code_access.operator_needs()
 

@@ -117,7 +117,8 @@ async def demo(args: argparse.Namespace) -> int:
     async with contextlib.AsyncExitStack() as stack:
         sandbox = await stack.enter_async_context(
             Sandbox(nodes=args.nodes, gpus=args.gpus, kubeconfig_path=args.kubeconfig.resolve(),
-                    kubelet_delay=0.2, shared_taint=True, deployments=True, intel_nodes=1, dra=dra)
+                    kubelet_delay=0.2, shared_taint=True, deployments=True, intel_nodes=1, dra=dra,
+                    dra_nodes={DRA_POOL_LABEL: "dra"})
         )
         policies = _admission_policies()  # as a cluster installed from manifests/base runs them
         for doc in policies:

@@ -30,7 +30,7 @@ from .storage import drastatus
 
 logger = logging.getLogger(__name__)
 
-KINDS = (drastatus.SLICES, drastatus.CLASSES, drastatus.CLAIMS)
+KINDS = drastatus.WATCHED
 
 
 @dataclasses.dataclass

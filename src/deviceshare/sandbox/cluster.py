@@ -90,6 +90,7 @@ class Sandbox(hooks.FaultHooks):
         disruption: bool = True,
         dra: bool = False,
         dra_shared: bool = False,
+        dra_nodes: Mapping[str, str] | None = None,
         front: bool = False,
         tls: tuple[bytes, ssl.SSLContext] | None = None,
         whole_lists: bool = False,
@@ -118,9 +119,11 @@ class Sandbox(hooks.FaultHooks):
         # PodDisruptionBudget status, which the Eviction API reads; it acts only where budgets exist.
         self.disruption = disruption_.DisruptionController(self.store) if disruption else None
         # Off by default: the NVIDIA DRA driver (DeviceClass gpu.nvidia.com, one ResourceSlice per GPU node);
-        # dra_shared publishes its GPUs as devices that allow multiple allocations.
+        # dra_shared publishes its GPUs as devices that allow multiple allocations; dra_nodes (labels) runs its
+        # kubelet plugin only on the nodes that carry them (None: every GPU node).
         self.dra_driver = (
-            dradriver.GpuDriver(self.store, memory_mib=gpu_memory_mib or DEFAULT_GPU_MEMORY_MIB, shared=dra_shared)
+            dradriver.GpuDriver(self.store, memory_mib=gpu_memory_mib or DEFAULT_GPU_MEMORY_MIB, shared=dra_shared,
+                                node_selector=dra_nodes)
             if dra else None
         )
         if self.kubelet is not None:

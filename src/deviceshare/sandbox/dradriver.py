@@ -101,10 +101,16 @@ class GpuDriver:
     """Publishes the DeviceClass and a slice for every node with GPUs (added later too); the slice goes with
     its node. Off unless ``Sandbox(dra=True)``."""
 
-    def __init__(self, objects: store.ObjectStore, *, memory_mib: int, shared: bool = False) -> None:
+    def __init__(
+        self, objects: store.ObjectStore, *, memory_mib: int, shared: bool = False,
+        node_selector: Mapping[str, str] | None = None,
+    ) -> None:
         self.store = objects
         self.memory_mib = memory_mib
         self.shared = shared
+        # The driver's kubelet plugin is a DaemonSet: its Helm chart's ``kubeletPlugin.nodeSelector`` /
+        # ``affinity`` (k8s-dra-driver-gpu, deployments/helm) keep it to some nodes, and only those get a slice.
+        self.node_selector = dict(node_selector or {})
         self._nodes = objects.catalog.lookup("nodes")
         self._slices = objects.catalog.lookup("resourceslices")
         self._classes = objects.catalog.lookup("deviceclasses")
@@ -151,6 +157,9 @@ class GpuDriver:
         count = gpu_count(node)
         if not count or md["name"] in self._devices:
             return
+        labels = md.get("labels") or {}
+        if any(labels.get(k) != v for k, v in self.node_selector.items()):
+            return  # the plugin does not run there
         try:
             self.store.get(self._nodes, None, md["name"])
         except errors.ApiError:  # deleted before this deferred publish

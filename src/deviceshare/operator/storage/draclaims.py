@@ -98,23 +98,23 @@ class ClaimWrites(Transport):
         our finalizer was its last and it was being deleted)."""
         what = f"patch finalizers of resourceclaim {names.key_text(key)}"
         body = {"metadata": {"uid": uid, "finalizers": list(finalizers), "resourceVersion": resource_version}}
-        return await self.patch_claim(
-            key, "", what, body, RESOURCE,
+        return await self._claim_write(
+            claim_path(key), key, what, body, RESOURCE,
             lambda c: finalizers_seen(c, uid=uid, written=finalizers, precondition=resource_version),
         )
 
-    async def patch_claim(
-        self, key: ClaimKey, subresource: str, what: str, body: Mapping[str, Any], resource: str,
+    async def _claim_write(
+        self, path: str, key: ClaimKey, what: str, body: Mapping[str, Any], resource: str,
         judge: Callable[[dict[str, Any] | None], Seen],
     ) -> dict[str, Any] | None:
-        """A conditional merge patch of the claim (``subresource``: "" or "/status"), its lost answer resolved by
-        ``judge`` on the claim read back: sent again while the claim still shows the version it was conditional
-        on (only one of two such copies can land), until it shows what we wrote. The claim as it is now (None:
-        deleted meanwhile, when that is what landing means)."""
+        """A conditional merge patch of the claim at ``path`` (the claim's, or its ``/status``), its lost answer
+        resolved by ``judge`` on the claim read back: sent again while the claim still shows the version it was
+        conditional on (only one of two such copies can land), until it shows what we wrote. The claim as it is
+        now (None: deleted meanwhile, when that is what landing means)."""
         for _ in range(READ_BACK_TRIES):
             try:
                 data: dict[str, Any] = await self._write(
-                    "PATCH", claim_path(key) + subresource, what, dict(body), verb="patch", resource=resource,
+                    "PATCH", path, what, dict(body), verb="patch", resource=resource,
                     content_type=MERGE_PATCH, resolved_by_caller=True,
                 )
                 return data

@@ -11,20 +11,22 @@ it was conditional on, so at most one copy can land.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping
-from typing import Any, overload
+from collections.abc import Mapping
+from typing import Any
 
 from kubernetes_asyncio import client as k8s
 
+from deviceshare.api import names
 from deviceshare.kube import watching
 
 from .. import readback
-from .draclaims import ClaimWrites
+from .draclaims import ClaimWrites, claim_path
 from .errors import Gone
-from .listing import Body, Collections, T
+from .listing import Body, Collections
 
-GROUP, VERSION = "resource.k8s.io", "v1"
+VERSION = "v1"
 SLICES, CLASSES, CLAIMS = "resourceslices", "deviceclasses", "resourceclaims"
+WATCHED = (SLICES, CLASSES, CLAIMS)  # each listed at a rebuild and watched (the RBAC test reads this tuple)
 ClaimKey = tuple[str, str]
 
 
@@ -32,18 +34,24 @@ class DraReads(Collections, ClaimWrites):
     def dra_reflector(self, plural: str, sink: watching.Sink, *, resume_from: str | None = None) -> watching.Reflector:
         """A list+watch of every object of ``plural`` (``resourceslices``, ``deviceclasses``, ``resourceclaims``
         in all namespaces), feeding ``sink``."""
-        call = functools.partial(k8s.CustomObjectsApi(self._client).list_cluster_custom_object, GROUP, VERSION, plural)
+        if plural not in WATCHED:
+            raise ValueError(f"not a DRA kind the operator watches: {plural}")
+        call = functools.partial(
+            k8s.CustomObjectsApi(self._client).list_cluster_custom_object, names.DRA_API_GROUP, VERSION, plural)
         return watching.Reflector(
             call, sink, name=plural, watch_timeout_s=self.watch_timeout_s, request_timeout_s=self.request_timeout,
             idle_timeout_s=self.watch_idle_s, resume_from=resume_from,
         )
 
-    @overload
-    async def list_dra(self, plural: str) -> watching.Listing[Body]: ...
-    @overload
-    async def list_dra(self, plural: str, transform: Callable[[Body], T]) -> watching.Listing[T]: ...
-    async def list_dra(self, plural: str, transform: Callable[[Body], Any] | None = None) -> watching.Listing[Any]:
-        return await self._list(f"/apis/{GROUP}/{VERSION}/{plural}", f"list {plural}", transform)
+    async def list_dra(self, plural: str) -> watching.Listing[Body]:
+        """Every object of one of the ``WATCHED`` kinds, for a rebuild."""
+        if plural == SLICES:
+            return await self._list(f"/apis/{names.DRA_API_VERSION}/resourceslices", "list resourceslices")
+        if plural == CLASSES:
+            return await self._list(f"/apis/{names.DRA_API_VERSION}/deviceclasses", "list deviceclasses")
+        if plural == CLAIMS:
+            return await self._list(f"/apis/{names.DRA_API_VERSION}/resourceclaims", "list resourceclaims")
+        raise ValueError(f"not a DRA kind the operator watches: {plural}")
 
     async def patch_claim_status(
         self, key: ClaimKey, status: Mapping[str, Any], *, uid: str, resource_version: str
@@ -53,7 +61,7 @@ class DraReads(Collections, ClaimWrites):
         what = f"patch status of resourceclaim {key[0]}/{key[1]}"
         body = {"status": dict(status), "metadata": {"resourceVersion": resource_version, "uid": uid}}
         judge = functools.partial(readback.claim_status, uid=uid, written=status, precondition=resource_version)
-        shown = await self.patch_claim(key, "/status", what, body, "resourceclaims/status", judge)
+        shown = await self._claim_write(claim_path(key) + "/status", key, what, body, "resourceclaims/status", judge)
         if shown is None:  # (a status write never deletes the claim: LANDED comes with the claim read back)
             raise Gone(f"{what}: the claim no longer exists")
         return shown
