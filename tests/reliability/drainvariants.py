@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from deviceshare.api import names
+from tests.reliability import invariants
 
 Device = tuple[str, str, str]  # driver, pool, device
 Key = tuple[str, str]  # namespace, name
@@ -184,4 +185,26 @@ def mirrors(cluster: Any, namespace: str, device_class: str) -> list[str]:
         held = sorted((status.get("allocatedDevices") or {}).get(device_class) or [])
         if status.get("nodeName") != view.node or held != shown:
             found.append(f"group {name} says {status.get('nodeName')} {held}, its claim {view.node} {shown}")
+    return found
+
+
+def is_dra(obj: Mapping[str, Any]) -> bool:
+    """A DRA group (``spec.claim``) or a pod wired to a claim."""
+    spec = obj.get("spec") or {}
+    return bool(spec.get("claim") or spec.get("resourceClaims"))
+
+
+def device_plugin_breaches(cluster: Any, dra_nodes: frozenset[str]) -> list[str]:
+    """Beside DRA groups: the device-plugin groups' invariant (``invariants.violations``, DRA groups and their pods
+    left out: their devices are not the nodes' extended resources), and no device-plugin group holding devices on a
+    node whose GPUs are DRA devices (the operator's rule: one GPU is never offered twice)."""
+    snapshot = invariants.from_sandbox(cluster)
+    plugin = invariants.Snapshot(snapshot.nodes, [g for g in snapshot.groups if not is_dra(g)],
+                                 [p for p in snapshot.pods if not is_dra(p)])
+    found = invariants.violations(plugin)
+    for group in plugin.groups:
+        status = group.get("status") or {}
+        if status.get("nodeName") in dra_nodes and status.get("allocatedDevices"):
+            found.append(f"device-plugin group {group['metadata']['name']} holds {status['allocatedDevices']} on "
+                         f"{status['nodeName']}, whose GPUs are DRA devices")
     return found

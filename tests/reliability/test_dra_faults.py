@@ -1,24 +1,27 @@
-"""Churn of groups on Dynamic Resource Allocation (CONTRACT §13) with the API's faults, an operator restart and a
-leader failover, every claim change judged as the API stores it (``drainvariants.ClaimWitness``).
+"""Churn of groups on Dynamic Resource Allocation (CONTRACT §13) beside device-plugin groups, with the API's faults,
+an operator restart and a leader failover, every claim change judged as the API stores it
+(``drainvariants.ClaimWitness``).
 
-Tenants create DRA groups (1 to 3 devices, binpack / spread / fgd) and members wired to the group's claim, finish
-and delete members and delete groups, at their own seeded pace; kube-scheduler holds one device in its own claim
-all along. Meanwhile the claim status patches (allocation and reservedFor) land but lose their answer (504, dropped
-connection) or are refused (500, a connection dropped before the write), bindings and claim object writes lose
-answers, and the operator is killed while a claim status patch of its is on the wire, which lands after it died:
-then either a new operator starts (a restart) or the standby replica takes the Lease over (a failover).
+Two of the four nodes are the DRA pool (labelled as ``deviceshare demo`` labels its DRA node: only there does the
+simulated NVIDIA driver publish slices, so there the GPUs are DRA devices and not ``nvidia.com/gpu``). Tenants
+(``test_churn.actor``) create DRA groups (1 to 3 devices, binpack / spread / fgd) with members wired to the group's
+claim, and device-plugin groups (whole and shared GPUs); they finish and delete members and delete groups at their
+own seeded pace; kube-scheduler holds one DRA device in its own claim all along. Meanwhile the claim status patches
+(allocation and reservedFor) land but lose their answer (504, dropped connection) or are refused (500, a connection
+dropped before the write), bindings and claim object writes lose answers, and the operator is killed while a claim
+status patch of its is on the wire, which lands after it died: then a new operator starts (a restart) or the
+standby replica takes the Lease over (a failover).
 
-Never: a device in two claims' allocations, a running member not reserved in its claim or not on the
-allocation's node, a claim deleted while allocated, a kubelet that cannot prepare a member's claim. At the end every
-group's claim is deallocated and deleted, a last wave takes every free device (nothing leaked) and the group that
-does not fit says why. The seed is printed on failure (and ``DEVICESHARE_DRA_SEED`` replays one).
+Never: a device in two claims' allocations, a running member not reserved in its claim or not on the allocation's
+node, a claim deleted while allocated, a kubelet that cannot prepare a member's claim; a device-plugin group on a DRA
+node, or the device-plugin invariant broken. At the end every group's claim is deallocated and deleted, a last wave
+takes every free device of both kinds (nothing leaked) and the groups that do not fit say why. The seed is printed
+on failure (``DEVICESHARE_DRA_SEED`` replays one).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import dataclasses
 import os
 import random
 from collections.abc import Awaitable, Callable
@@ -27,91 +30,32 @@ from typing import Any
 import pytest
 
 from deviceshare.api import names
-from deviceshare.sandbox import errors, faults
+from deviceshare.sandbox import faults
 from tests.operator import dra
 from tests.operator.conftest import operator_config
 from tests.reliability import drainvariants, workload
-from tests.reliability.conftest import Replica, kill, launch
+from tests.reliability.conftest import Replica, Watchdog, kill, launch
+from tests.reliability.test_churn import NS, Tally, actor
 from tests.reliability.test_failover import holder, replica
 
-NS = "dra-faults"
 CLAIM_STATUS = rf"/namespaces/{NS}/resourceclaims/[^/]+/status$"
-FOREIGN = ("gpu-node-0", "gpu-0")  # kube-scheduler's, the whole run
+POOL_LABEL = "deviceshare.io/pool"  # the label ``deviceshare demo`` gives its DRA node
+DRA_NODES = frozenset({"gpu-node-2", "gpu-node-3"})
+FOREIGN = ("gpu-node-2", "gpu-0")  # kube-scheduler's, the whole run
+DRA_TENANTS, PLUGIN_TENANTS = 6, 3
 
 
 @pytest.fixture
 def sandbox_options() -> dict[str, object]:
-    return {"nodes": 3, "gpus": 4, "dra": True}
+    return {"nodes": 4, "gpus": 4, "dra": True, "dra_nodes": {POOL_LABEL: "dra"}}
 
 
 def seeds() -> list[int]:
     return [int(os.environ["DEVICESHARE_DRA_SEED"])] if "DEVICESHARE_DRA_SEED" in os.environ else [11]
 
 
-@dataclasses.dataclass
-class Tally:
-    groups: int = 0
-    bound_at_delete: int = 0
-    completed: int = 0
-
-
-def group_body(rng: random.Random, name: str) -> dict[str, Any]:
-    return {
-        "apiVersion": names.API_VERSION, "kind": names.KIND, "metadata": {"name": name, "namespace": NS},
-        "spec": {"claim": {"deviceClassName": dra.CLASS, "count": rng.choice((1, 1, 2, 3))},
-                 "schedulingStrategy": rng.choice(("binpack", "spread", "fgd"))},
-    }
-
-
-def member_body(name: str, group: str) -> dict[str, Any]:
-    """A member as the webhook leaves one: the group's claim in ``spec.resourceClaims`` and the container's."""
-    body = workload.pod_body(NS, name, group)
-    body["spec"]["resourceClaims"] = [{"name": names.POD_CLAIM_NAME, "resourceClaimName": names.claim_name(group)}]
-    body["spec"]["containers"][0]["resources"]["claims"] = [{"name": names.POD_CLAIM_NAME}]
-    return body
-
-
 def bound(cluster: Any, pod: str) -> bool:
     return bool(((cluster.get("pods", pod, NS) or {}).get("spec") or {}).get("nodeName"))
-
-
-def delete_pod(cluster: Any, pod: str, tally: Tally) -> None:
-    with contextlib.suppress(errors.ApiError):
-        tally.bound_at_delete += bound(cluster, pod)
-        cluster.delete("pods", pod, NS)
-
-
-async def tenant(cluster: Any, seed: int, index: int, going: Callable[[], bool], tally: Tally) -> None:
-    """A group, members that come, finish and go, then the group goes (first or last); again and again."""
-    rng = random.Random(seed * 1000 + index)
-    round_ = 0
-    while going():
-        group = f"t{index}-r{round_}"
-        round_ += 1
-        cluster.create(group_body(rng, group))
-        tally.groups += 1
-        pods: list[str] = []
-        for step in range(rng.randint(2, 5)):
-            action = rng.random()
-            if action < 0.55 or not pods:
-                pods.append(f"{group}-{step}")
-                cluster.create(member_body(pods[-1], group))
-            elif action < 0.75:
-                pod = pods.pop(rng.randrange(len(pods)))
-                with contextlib.suppress(errors.ApiError):
-                    if bound(cluster, pod):
-                        cluster.complete_pod(NS, pod)
-                        tally.completed += 1
-                delete_pod(cluster, pod, tally)
-            else:
-                delete_pod(cluster, pods.pop(rng.randrange(len(pods))), tally)
-            await asyncio.sleep(rng.uniform(0.1, 0.5))  # the tenant's own pace: the workload, not a wait
-        if rng.random() < 0.5:
-            cluster.delete(names.PLURAL, group, NS)  # the group goes first and waits for its members
-        for pod in pods:
-            delete_pod(cluster, pod, tally)
-        with contextlib.suppress(errors.ApiError):
-            cluster.delete(names.PLURAL, group, NS)
 
 
 def lie_to(cluster: Any, rng: random.Random) -> dict[str, faults.Fault]:
@@ -153,20 +97,29 @@ def waiting_without_reason(cluster: Any) -> list[str]:
 
 
 async def last_wave(cluster: Any) -> None:
-    """After the churn: 3 devices of gpu-node-0 (kube-scheduler holds its fourth) and the other nodes' 4 each are
-    free, or something leaked. Three groups take all 11; a fourth waits and says why."""
-    wave = {"last-3": 3, "last-4a": 4, "last-4b": 4, "last-4c": 4}
-    for name, count in wave.items():
-        cluster.create({"apiVersion": names.API_VERSION, "kind": names.KIND,
-                        "metadata": {"name": name, "namespace": NS},
-                        "spec": {"claim": {"deviceClassName": dra.CLASS, "count": count},
-                                 "schedulingStrategy": "binpack"}})
-        cluster.create(member_body(f"{name}-0", name))
-        if name == "last-3":  # first, so that binpack gives it the node with 3 free
-            await workload.until(lambda: bound(cluster, "last-3-0"), "the 3-device group bound")
-    await workload.until(lambda: len(workload.bound_pods(cluster, NS)) == 3 and not waiting_without_reason(cluster),
-                         "three of the last wave bound, the fourth told why it waits")
-    assert drainvariants.mirrors(cluster, NS, dra.CLASS) == []
+    """After the churn, free or something leaked: 3 DRA devices of gpu-node-2 (kube-scheduler holds its fourth) and
+    gpu-node-3's 4, and the 4 GPUs of each device-plugin node. Two groups of each kind take them all; a third of
+    each kind waits and says why."""
+    def dra_group(name: str, count: int) -> dict[str, Any]:
+        body = workload.dra_group_body(random.Random(0), NS, name)
+        body["spec"].update(claim={"deviceClassName": workload.DRA_CLASS, "count": count},
+                            schedulingStrategy="binpack")
+        return body
+
+    cluster.create(dra_group("last-3", 3))  # first, so that binpack gives it the node with 3 free
+    cluster.create(workload.dra_pod_body(NS, "last-3-0", "last-3"))
+    await workload.until(lambda: bound(cluster, "last-3-0"), "the 3-device DRA group bound")
+    for name in ("last-4a", "last-4b"):
+        cluster.create(dra_group(name, 4))
+        cluster.create(workload.dra_pod_body(NS, f"{name}-0", name))
+    for name in ("last-gpu-a", "last-gpu-b", "last-gpu-c"):
+        cluster.create(workload.group_body(NS, name, {workload.GPU: 4}))
+        cluster.create(workload.pod_body(NS, f"{name}-0", name))
+    await workload.until(lambda: len(workload.bound_pods(cluster, NS)) == 4 and not waiting_without_reason(cluster),
+                         "four of the last wave bound, the other two told why they wait")
+    assert drainvariants.mirrors(cluster, NS, workload.DRA_CLASS) == []
+    assert sorted(p["spec"]["nodeName"] for p in workload.bound_pods(cluster, NS)) == [
+        "gpu-node-0", "gpu-node-1", "gpu-node-2", "gpu-node-3"]
 
 
 Disruption = Callable[[Any, Tally, list[Replica]], Awaitable[None]]
@@ -199,18 +152,22 @@ async def churn(cluster: Any, kube: Any, seed: int, replicas: list[Replica], dis
     rng = random.Random(seed)
     witness = drainvariants.ClaimWitness()
     cluster.store.listeners.append(witness)
+    watchdog = Watchdog(cluster, judge=lambda c: drainvariants.device_plugin_breaches(c, DRA_NODES))
+    watchdog.start()
     workload.ensure_namespace(cluster, NS)
     await dra.allocate_foreign(kube, "other", "theirs", FOREIGN[0], [FOREIGN[1]])
     lies = lie_to(cluster, rng)
     tally, stop = Tally(), asyncio.Event()
     loop = asyncio.get_running_loop()
     start = loop.time()
-    tenants = [loop.create_task(tenant(cluster, seed, i, lambda: not stop.is_set(), tally)) for i in range(5)]
+    tenants = [loop.create_task(actor(cluster, i, lambda: not stop.is_set(), seed, tally, group_body=(
+        workload.dra_group_body if i < DRA_TENANTS else workload.mixed_group_body), member_body=(
+        workload.dra_pod_body if i < DRA_TENANTS else workload.pod_body))) for i in range(DRA_TENANTS + PLUGIN_TENANTS)]
     account = ""
     try:
         await disrupt(cluster, tally, replicas)
-        after = tally.bound_at_delete
-        await workload.until(lambda: (tally.bound_at_delete >= after + 10 and all(f.fired for f in lies.values()))
+        after = witness.reservations
+        await workload.until(lambda: (witness.reservations >= after + 10 and all(f.fired for f in lies.values()))
                              or any(t.done() for t in tenants), "churn after the disruption, every lie told")
         stop.set()
         for t in tenants:
@@ -222,30 +179,41 @@ async def churn(cluster: Any, kube: Any, seed: int, replicas: list[Replica], dis
                              "every group released and gone with its claim")
         await last_wave(cluster)
         account = (f"seed {seed}: {loop.time() - start:.1f}s, {tally.groups} groups, {tally.bound_at_delete} members "
-                   f"bound when deleted, {tally.completed} finished, {witness.changes} changes judged, "
-                   f"{witness.reservations} members seen running, {witness.deleted_claims} claims deleted; lies {told}")
+                   f"bound when deleted, {tally.completed} finished; DRA: {witness.changes} changes judged, "
+                   f"{witness.reservations} members seen running, {witness.deleted_claims} claims deleted; "
+                   f"{watchdog.checks} device-plugin checks; lies {told}")
     finally:
         stop.set()
         for t in tenants:
             t.cancel()
         for r in replicas:
             await kill(r)
+        await watchdog.stop()
         cluster.store.listeners.remove(witness)
-        print(f"\n{account or f'seed {seed}: failed'}\n" + "\n".join(witness.found))
-    assert witness.reservations >= 20 and witness.deleted_claims >= 10, f"seed {seed}: churn too thin: {account}"
-    found = witness.found + drainvariants.prepare_failures(cluster, NS)
+        print(f"\n{account or f'seed {seed}: failed'}\n" + "\n".join(witness.found + watchdog.found))
+    assert witness.reservations >= 15 and witness.deleted_claims >= 5, f"seed {seed}: churn too thin: {account}"
+    found = witness.found + drainvariants.prepare_failures(cluster, NS) + watchdog.found
     assert not found, f"seed {seed} (DEVICESHARE_DRA_SEED={seed} replays it):\n" + "\n".join(found)
     return account
 
 
+def label_the_dra_pool(cluster: Any) -> Any:
+    for node in sorted(DRA_NODES):
+        cluster.patch("nodes", node, {"metadata": {"labels": {POOL_LABEL: "dra"}}})
+    return workload.until(lambda: {s["spec"].get("nodeName") for s in cluster.list("resourceslices")} == DRA_NODES,
+                          "the driver's slices on the DRA pool's nodes")
+
+
 @pytest.mark.parametrize("seed", seeds())
 async def test_dra_churn_with_lost_claim_writes_and_a_restart(cluster: Any, kube: Any, seed: int) -> None:
+    await label_the_dra_pool(cluster)
     replicas = [await launch(operator_config(cluster))]
     await churn(cluster, kube, seed, replicas, restart)
 
 
 @pytest.mark.parametrize("seed", seeds())
 async def test_dra_churn_with_lost_claim_writes_and_a_leader_failover(cluster: Any, kube: Any, seed: int) -> None:
+    await label_the_dra_pool(cluster)
     workload.ensure_namespace(cluster, names.DEFAULT_NAMESPACE)
     replicas = [await replica(cluster, "replica-a")]
     await workload.until(lambda: holder(cluster) == "replica-a", "the first replica leads")

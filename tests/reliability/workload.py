@@ -52,6 +52,27 @@ def pod_body(ns: str, name: str, group: str, *, cpu: str = "10m") -> dict[str, A
     }
 
 
+DRA_CLASS = "gpu.nvidia.com"  # the sandbox's DRA driver's DeviceClass
+
+
+def dra_group_body(rng: random.Random, ns: str, name: str) -> dict[str, Any]:
+    """A group on Dynamic Resource Allocation (CONTRACT §13): 1 to 3 devices of the class, a strategy drawn."""
+    return {
+        "apiVersion": names.API_VERSION, "kind": names.KIND, "metadata": {"name": name, "namespace": ns},
+        "spec": {"claim": {"deviceClassName": DRA_CLASS, "count": rng.choice((1, 1, 2, 3))},
+                 "schedulingStrategy": rng.choice(("binpack", "spread", "fgd"))},
+    }
+
+
+def dra_pod_body(ns: str, name: str, group: str) -> dict[str, Any]:
+    """A DRA group's member as the webhook leaves one: the group's claim in ``spec.resourceClaims`` and the
+    container's ``resources.claims``."""
+    body = pod_body(ns, name, group)
+    body["spec"]["resourceClaims"] = [{"name": names.POD_CLAIM_NAME, "resourceClaimName": names.claim_name(group)}]
+    body["spec"]["containers"][0]["resources"]["claims"] = [{"name": names.POD_CLAIM_NAME}]
+    return body
+
+
 def ensure_namespace(cluster: Any, ns: str) -> None:
     if cluster.get("namespaces", ns) is None:
         cluster.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
