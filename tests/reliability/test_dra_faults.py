@@ -34,6 +34,7 @@ from deviceshare.sandbox import faults
 from tests.operator import dra
 from tests.operator.conftest import operator_config
 from tests.reliability import drainvariants, workload
+from tests.reliability import test_churn_priority as priority
 from tests.reliability.conftest import Replica, Watchdog, kill, launch
 from tests.reliability.test_churn import NS, Tally, actor
 from tests.reliability.test_failover import holder, replica
@@ -43,6 +44,7 @@ POOL_LABEL = "deviceshare.io/pool"  # the label ``deviceshare demo`` gives its D
 DRA_NODES = frozenset({"gpu-node-2", "gpu-node-3"})
 FOREIGN = ("gpu-node-2", "gpu-0")  # kube-scheduler's, the whole run
 DRA_TENANTS, PLUGIN_TENANTS = 6, 3
+PRIO_NS = "dra-prio"
 
 
 @pytest.fixture
@@ -58,25 +60,25 @@ def bound(cluster: Any, pod: str) -> bool:
     return bool(((cluster.get("pods", pod, NS) or {}).get("spec") or {}).get("nodeName"))
 
 
-def lie_to(cluster: Any, rng: random.Random) -> dict[str, faults.Fault]:
+def lie_to(cluster: Any, rng: random.Random, ns: str = NS) -> dict[str, faults.Fault]:
     """Every n-th write of each kind (n drawn from the seed) loses its answer after landing, or is refused."""
     def every(low: int, high: int) -> int:
         return rng.randint(low, high)
 
-    claim = rf"/namespaces/{NS}/resourceclaims/[^/]+$"
+    claim, status = rf"/namespaces/{ns}/resourceclaims/[^/]+$", rf"/namespaces/{ns}/resourceclaims/[^/]+/status$"
     return {
         "claim status: 504 after landing": cluster.inject_fault(
-            "PATCH", CLAIM_STATUS, status=504, applied=True, times=None, every=every(3, 5)),
+            "PATCH", status, status=504, applied=True, times=None, every=every(3, 5)),
         "claim status: dropped after landing": cluster.inject_fault(
-            "PATCH", CLAIM_STATUS, drop=True, applied=True, times=None, every=every(4, 6)),
+            "PATCH", status, drop=True, applied=True, times=None, every=every(4, 6)),
         "claim status: 500, not applied": cluster.inject_fault(
-            "PATCH", CLAIM_STATUS, status=500, times=None, every=every(5, 7)),
+            "PATCH", status, status=500, times=None, every=every(5, 7)),
         "claim status: dropped before landing": cluster.inject_fault(
-            "PATCH", CLAIM_STATUS, drop=True, times=None, every=every(6, 8)),
+            "PATCH", status, drop=True, times=None, every=every(6, 8)),
         "binding: 504 after landing": cluster.inject_fault(
-            "POST", rf"/namespaces/{NS}/pods/[^/]+/binding$", status=504, applied=True, times=None, every=every(4, 6)),
+            "POST", rf"/namespaces/{ns}/pods/[^/]+/binding$", status=504, applied=True, times=None, every=every(4, 6)),
         "claim create: dropped after landing": cluster.inject_fault(
-            "POST", rf"/namespaces/{NS}/resourceclaims$", drop=True, applied=True, times=None, every=every(3, 5)),
+            "POST", rf"/namespaces/{ns}/resourceclaims$", drop=True, applied=True, times=None, every=every(3, 5)),
         "claim finalizers: 504 after landing": cluster.inject_fault(
             "PATCH", claim, status=504, applied=True, times=None, every=every(2, 4)),
         "claim delete: 503": cluster.inject_fault("DELETE", claim, status=503, times=None, every=every(2, 4)),
@@ -219,3 +221,46 @@ async def test_dra_churn_with_lost_claim_writes_and_a_leader_failover(cluster: A
     await workload.until(lambda: holder(cluster) == "replica-a", "the first replica leads")
     replicas.append(await replica(cluster, "replica-b"))
     await churn(cluster, kube, seed + 1, replicas, failover)
+
+
+@pytest.mark.parametrize("seed", seeds())
+async def test_dra_churn_with_priorities_gangs_and_budgets(cluster: Any, seed: int) -> None:
+    """test_churn_priority's tenants on the DRA pool: preemption by eviction releases a claim only once no victim
+    runs, a gang's members are each reserved before they bind, and no device is in two claims meanwhile."""
+    await label_the_dra_pool(cluster)
+    workload.ensure_namespace(cluster, PRIO_NS)
+    for name, value in priority.CLASSES.items():
+        cluster.create({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": name},
+                        "value": value})
+    witness = drainvariants.ClaimWitness()
+    cluster.store.listeners.append(witness)
+    rng, gangs, stop = random.Random(seed), dict[str, int](), asyncio.Event()
+    lies = lie_to(cluster, rng, PRIO_NS)
+    running = await launch(operator_config(cluster))
+    loop = asyncio.get_running_loop()
+    tenants = [loop.create_task(priority.tenant(cluster, i, lambda: not stop.is_set(), random.Random(rng.random()),
+                                                gangs, dra=True, ns=PRIO_NS)) for i in range(6)]
+    try:
+        await workload.until(lambda: (priority.preemptions(running) >= 3 and witness.reservations >= 20
+                                      and len(priority.started_gangs(cluster, gangs, PRIO_NS)) >= 3
+                                      and all(f.fired for kind, f in lies.items() if kind.startswith("claim status")))
+                             or any(t.done() for t in tenants), "3 preemptions and 3 gang starts of DRA groups")
+        stop.set()
+        await asyncio.gather(*tenants)
+        cluster.clear_faults()
+        told = {kind: f.fired for kind, f in lies.items()}
+        assert all(f for kind, f in told.items() if kind.startswith("claim status")), f"seed {seed}: {told}"
+        preempted, started = priority.preemptions(running), priority.started_gangs(cluster, gangs, PRIO_NS)
+        await workload.until(lambda: not cluster.list(names.PLURAL, PRIO_NS)
+                             and not cluster.list("resourceclaims", PRIO_NS), "every group gone with its claim")
+    finally:
+        stop.set()
+        for t in tenants:
+            t.cancel()
+        await kill(running)
+        cluster.store.listeners.remove(witness)
+    print(f"\nseed {seed}: {preempted:.0f} preemptions, {len(started)}/{len(gangs)} gangs started, "
+          f"{witness.changes} changes judged, {witness.reservations} members seen running; lies {told}")
+    assert preempted > 0 and started, f"seed {seed}: no preemption or no gang start: the churn tested nothing of it"
+    found = witness.found + drainvariants.prepare_failures(cluster, PRIO_NS)
+    assert not found, f"seed {seed} (DEVICESHARE_DRA_SEED={seed} replays it):\n" + "\n".join(found)
