@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -35,6 +36,7 @@ from tests.operator import dra
 from tests.operator.conftest import operator_config
 from tests.reliability import drainvariants, workload
 from tests.reliability import test_churn_priority as priority
+from tests.reliability import test_fencing as fencing
 from tests.reliability.conftest import Replica, Watchdog, kill, launch
 from tests.reliability.test_churn import NS, Tally, actor
 from tests.reliability.test_failover import holder, replica
@@ -264,3 +266,32 @@ async def test_dra_churn_with_priorities_gangs_and_budgets(cluster: Any, seed: i
     assert preempted > 0 and started, f"seed {seed}: no preemption or no gang start: the churn tested nothing of it"
     found = witness.found + drainvariants.prepare_failures(cluster, PRIO_NS)
     assert not found, f"seed {seed} (DEVICESHARE_DRA_SEED={seed} replays it):\n" + "\n".join(found)
+
+
+async def test_a_deposed_leaders_claim_write_in_flight_is_given_up(cluster: Any) -> None:
+    """The claim's allocation and reservation, held on the wire while the leader is deposed, never land: the write
+    carried the leader's time left as its server-side deadline (test_fencing's rule, for the claim's status too), so
+    a successor that does not know of it can never find its devices allocated behind its back."""
+    await label_the_dra_pool(cluster)
+    fencing.setup(cluster)
+    leader = await fencing.replica(cluster, "replica-a")
+    try:
+        await workload.until(lambda: leader.runtime is not None and leader.runtime.scheduling, "the leader schedules")
+        writes = fencing.Writes(leader)
+        held = cluster.inject_fault("PATCH", rf"/namespaces/{fencing.NS}/resourceclaims/[^/]+/status$", hold=True,
+                                    times=None)
+        cluster.create(workload.on_dra(workload.group_body(fencing.NS, "g", {workload.GPU: 2})))
+        cluster.create(workload.dra_pod_body(fencing.NS, "g-0", "g"))
+        await workload.until(lambda: held.fired, "the claim's allocation in flight")
+        fencing.take_the_lease(cluster, duration=60)
+        await workload.until(lambda: not leader.runtime.leadership.active.is_set(), "the leader is deposed")
+        deposed = time.monotonic()
+        await workload.until(lambda: len(held.answered) == held.fired, "the held claim writes given up")
+        assert set(held.answered) == {504} and held.given_up == held.fired
+        assert drainvariants.claim_view(cluster.get("resourceclaims", "g-devices", fencing.NS) or {}).devices == set()
+        assert workload.bound_pods(cluster, fencing.NS) == []
+        sent = [w for w in writes.outside_leases(deposed) if w[3] != "fenced"]
+        assert sent == [], f"the deposed leader wrote: {sent}"
+    finally:
+        cluster.clear_faults()
+        await kill(leader)
