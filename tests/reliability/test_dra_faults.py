@@ -242,11 +242,20 @@ async def test_dra_churn_with_priorities_gangs_and_budgets(cluster: Any, seed: i
     loop = asyncio.get_running_loop()
     tenants = [loop.create_task(priority.tenant(cluster, i, lambda: not stop.is_set(), random.Random(rng.random()),
                                                 gangs, dra=True, ns=PRIO_NS)) for i in range(6)]
+    def progress() -> str:
+        return (f"seed {seed}: {priority.preemptions(running):.0f} preemptions, "
+                f"{len(priority.started_gangs(cluster, gangs, PRIO_NS))}/{len(gangs)} gangs started, "
+                f"{witness.reservations} members seen running, {len(cluster.list(names.PLURAL, PRIO_NS))} groups and "
+                f"{len(cluster.list('resourceclaims', PRIO_NS))} claims now, lies {[f.fired for f in lies.values()]}")
+
     try:
-        await workload.until(lambda: (priority.preemptions(running) >= 3 and witness.reservations >= 20
-                                      and len(priority.started_gangs(cluster, gangs, PRIO_NS)) >= 3
-                                      and all(f.fired for kind, f in lies.items() if kind.startswith("claim status")))
-                             or any(t.done() for t in tenants), "3 preemptions and 3 gang starts of DRA groups")
+        try:
+            await workload.until(lambda: (priority.preemptions(running) >= 3 and witness.reservations >= 20
+                                          and len(priority.started_gangs(cluster, gangs, PRIO_NS)) >= 3
+                                          and all(f.fired for k, f in lies.items() if k.startswith("claim status")))
+                                 or any(t.done() for t in tenants), "3 preemptions and 3 gang starts of DRA groups")
+        except AssertionError as e:
+            raise AssertionError(f"{e}: {progress()}\n" + "\n".join(witness.found)) from None
         stop.set()
         await asyncio.gather(*tenants)
         cluster.clear_faults()
