@@ -79,6 +79,10 @@ async def test_demo_with_dra_shows_the_groups_claim_and_what_the_driver_handed_o
     assert sorted(row[-1].split(",")) == ["worker-0", "worker-1"]
     assert {len(devices) for devices in cdi.values()} == {2}
     assert all(d.startswith("k8s.gpu.nvidia.com/claim=") for devices in cdi.values() for d in devices)
+    # The pods table: the workers take no env var; their hand-over is the driver's, by the claim.
+    workers = {line.split()[1]: line.split()[5] for line in out.splitlines()
+               if line.startswith("ml-dra ") and line.split()[2] == "llm-train"}
+    assert workers == {"worker-0": "dra", "worker-1": "dra"}
     groups = [line.split() for line in out.splitlines() if line.split()[:2] == ["ml-dra", "llm-train"]]
     assert ["Bound", "gpu-node-1"] in [g[2:4] for g in groups], groups  # the groups table's row
 

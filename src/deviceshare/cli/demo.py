@@ -26,7 +26,7 @@ import logging
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -232,6 +232,11 @@ def _print_groups(sandbox: Sandbox, out: Any) -> None:
     inspect_cmd.print_table(rows, out)
 
 
+def _on_claim(pod: Mapping[str, Any]) -> bool:
+    """Wired by the webhook to its group's ResourceClaim (CONTRACT §13)."""
+    return any(c.get("name") == names.POD_CLAIM_NAME for c in (pod.get("spec") or {}).get("resourceClaims") or [])
+
+
 def _print_pods(sandbox: Sandbox, pods: Sequence[tuple[str, str]], out: Any) -> None:
     rows = [("NAMESPACE", "POD", "GROUP", "NODE", "PHASE", "HANDOVER", "ENV THE CONTAINERS SEE")]
     for ns, name in pods:
@@ -241,10 +246,11 @@ def _print_pods(sandbox: Sandbox, pods: Sequence[tuple[str, str]], out: Any) -> 
         env = sorted(f"{k}={v}" for k, v in names.env_from_annotations(ann).items())
         wired = _wired_env(pod)
         shown = [e for e in env if e.split("=", 1)[0] in wired] or ["(not wired)"]
+        handover = handoverview.of_pod(pod).split(" ")[0] if names.POD_SELECTED_DEVICES_ANNOTATION in ann else "-"
+        if _on_claim(pod):  # a DRA group's member: no env var, the driver hands the claim's devices over by CDI
+            handover, shown = "dra", ["(none: the claim's CDI devices, below)"]
         rows.append((ns, name, ann.get(names.POD_GROUP_ANNOTATION, "-"), (pod.get("spec") or {}).get("nodeName", "-"),
-                     (pod.get("status") or {}).get("phase", "-"),
-                     handoverview.of_pod(pod).split(" ")[0] if names.POD_SELECTED_DEVICES_ANNOTATION in ann else "-",
-                     " ".join(shown)))
+                     (pod.get("status") or {}).get("phase", "-"), handover, " ".join(shown)))
     inspect_cmd.print_table(rows, out)
 
 
