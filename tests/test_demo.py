@@ -73,14 +73,27 @@ async def test_demo_with_dra_shows_the_groups_claim_and_what_the_driver_handed_o
     cdi = {line.split()[1]: line.split()[3:] for line in out.splitlines() if line.startswith("ml-dra ")
            and line.split()[2] == "train"}
     assert sorted(cdi) == ["worker-0", "worker-1"]
-    # Until the operator allocates DRA claims (the allocation's own branch), the claim is made and pending and
-    # the workers wait; once it does, both run on gpu-node-1 with the claim's two GPUs by CDI.
-    if row[3] == "pending":
-        assert rc == 1 and all(devices[0] == "(not" for devices in cdi.values())
-    else:
-        assert rc == 0 and row[3:5] == ["allocated,reserved", "gpu-node-1"]
-        assert all(len(devices) == 2 and devices[0].startswith("k8s.gpu.nvidia.com/claim=")
-                   for devices in cdi.values())
+    # The operator allocated the claim on the DRA node and reserved it for both workers, which run there with the
+    # claim's two GPUs, handed over by CDI.
+    assert rc == 0 and row[3:5] == ["allocated,reserved", "gpu-node-1"]
+    assert sorted(row[-1].split(",")) == ["worker-0", "worker-1"]
+    assert {len(devices) for devices in cdi.values()} == {2}
+    assert all(d.startswith("k8s.gpu.nvidia.com/claim=") for devices in cdi.values() for d in devices)
+    # The pods table: the workers take no env var; their hand-over is the driver's, by the claim.
+    workers = {line.split()[1]: line.split()[5] for line in out.splitlines()
+               if line.startswith("ml-dra ") and line.split()[2] == "llm-train"}
+    assert workers == {"worker-0": "dra", "worker-1": "dra"}
+    groups = [line.split() for line in out.splitlines() if line.split()[:2] == ["ml-dra", "llm-train"]]
+    assert ["Bound", "gpu-node-1"] in [g[2:4] for g in groups], groups  # the groups table's row
+
+
+def test_the_demo_runs_a_dra_group_unless_told_not_to(tmp_path: Path) -> None:
+    """`make demo` (plain `deviceshare demo`) shows a DRA group: on with the packaged examples' dra folder, off with
+    --no-dra or with examples that have none."""
+    parser = argparse.ArgumentParser()
+    demo.add_arguments(parser)
+    assert parser.parse_args([]).dra is None and (demo.EXAMPLES / "dra").is_dir()
+    assert parser.parse_args(["--no-dra"]).dra is False and parser.parse_args(["--dra"]).dra is True
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import kopf
@@ -134,8 +134,11 @@ async def kill(replica: Replica) -> None:
 class Watchdog:
     """Checks the invariant against the sandbox store on every tick while a scenario runs."""
 
-    def __init__(self, cluster: Any, interval: float = 0.02) -> None:
-        self.cluster, self.interval = cluster, interval
+    def __init__(
+        self, cluster: Any, interval: float = 0.02,
+        judge: Callable[[Any], list[str]] = lambda cluster: invariants.violations(invariants.from_sandbox(cluster)),
+    ) -> None:
+        self.cluster, self.interval, self.judge = cluster, interval, judge
         self.checks = 0
         self.found: list[str] = []
         self._task: asyncio.Task[None] | None = None
@@ -147,7 +150,7 @@ class Watchdog:
 
     def check(self) -> None:
         self.checks += 1
-        for line in invariants.violations(invariants.from_sandbox(self.cluster)):
+        for line in self.judge(self.cluster):
             if line not in self.found:
                 self.found.append(line)
 

@@ -56,15 +56,18 @@ def delete_pod(cluster: Any, pod: str, tally: Tally) -> None:
 
 
 async def actor(
-    cluster: Any, index: int, going: Callable[[], bool], seed: int, tally: Tally, strategy: str | None = None
+    cluster: Any, index: int, going: Callable[[], bool], seed: int, tally: Tally, strategy: str | None = None,
+    group_body: Callable[[random.Random, str, str], dict[str, Any]] = workload.mixed_group_body,
+    member_body: Callable[[str, str, str], dict[str, Any]] = workload.pod_body,
 ) -> None:
-    """One tenant: a group, a few members that come and go, then the group goes; again and again."""
+    """One tenant: a group (``group_body``), a few members (``member_body``) that come and go, then the group goes;
+    again and again."""
     rng = random.Random(seed * 1000 + index)
     round_ = 0
     while going():
         group = f"a{index}-r{round_}"
         round_ += 1
-        body = workload.mixed_group_body(rng, NS, group)
+        body = group_body(rng, NS, group)
         if strategy is not None:
             body["spec"]["schedulingStrategy"] = strategy
         cluster.create(body)
@@ -76,7 +79,7 @@ async def actor(
             action = rng.random()
             if action < 0.55 or not pods:
                 pod = f"{group}-{step}"
-                cluster.create(workload.pod_body(NS, pod, group))
+                cluster.create(member_body(NS, pod, group))
                 pods.append(pod)
                 tally.pods += 1
             elif action < 0.8:

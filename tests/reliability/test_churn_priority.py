@@ -34,43 +34,47 @@ def sandbox_options() -> dict[str, object]:
     return {"nodes": 2, "gpus": 8}
 
 
-def member(group: str, pod: str, level: str) -> dict[str, Any]:
-    body = workload.pod_body(NS, pod, group)
+def member(group: str, pod: str, level: str, ns: str = NS) -> dict[str, Any]:
+    body = workload.pod_body(ns, pod, group)
     # What the API server's Priority admission writes from the class (the store is written directly here).
     body["spec"].update(priorityClassName=level, priority=CLASSES[level], preemptionPolicy="PreemptLowerPriority")
     return body
 
 
-def delete(cluster: Any, kind: str, name: str) -> None:
+def delete(cluster: Any, kind: str, name: str, ns: str = NS) -> None:
     with contextlib.suppress(errors.ApiError):
-        cluster.delete(kind, name, NS)
+        cluster.delete(kind, name, ns)
 
 
 async def tenant(
-    cluster: Any, index: int, going: Callable[[], bool], rng: random.Random, gangs: dict[str, int]
+    cluster: Any, index: int, going: Callable[[], bool], rng: random.Random, gangs: dict[str, int], *,
+    dra: bool = False, ns: str = NS,
 ) -> None:
+    """Groups of a random priority, gang or not, budget or not; with ``dra`` on DRA (``spec.claim``)."""
     round_ = 0
     while going():
         group, round_ = f"t{index}-r{round_}", round_ + 1
         level = rng.choice(list(CLASSES))
         gang = rng.choice((0, 0, 2, 3))
-        body = workload.group_body(NS, group, {workload.GPU: rng.choice((1, 2, 2, 4))})
+        body = workload.group_body(ns, group, {workload.GPU: rng.choice((1, 2, 2, 4))})
+        body = workload.on_dra(body) if dra else body
         if gang:
             body["spec"]["minMembers"] = gang
             gangs[group] = gang
         cluster.create(body)
         if rng.random() < 0.3:
             cluster.create({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
-                            "metadata": {"name": group, "namespace": NS},
+                            "metadata": {"name": group, "namespace": ns},
                             "spec": {"minAvailable": 1, "selector": {"matchLabels": {names.POD_GROUP_LABEL: group}}}})
         pods = [f"{group}-{i}" for i in range(max(gang, 1))]
         for pod in pods:
-            cluster.create(member(group, pod, level))
+            body = member(group, pod, level, ns)
+            cluster.create(workload.wired_to_claim(body) if dra else body)
         await asyncio.sleep(rng.uniform(0.5, 1.5))  # the workload's own pace: the group runs a while
         for pod in pods:
-            delete(cluster, "pods", pod)
-        delete(cluster, names.PLURAL, group)
-        delete(cluster, "poddisruptionbudgets", group)
+            delete(cluster, "pods", pod, ns)
+        delete(cluster, names.PLURAL, group, ns)
+        delete(cluster, "poddisruptionbudgets", group, ns)
 
 
 def preemptions(replica: Any) -> float:
@@ -79,8 +83,8 @@ def preemptions(replica: Any) -> float:
                for r in ("evicted", "refused", "failed"))
 
 
-def started_gangs(cluster: Any, gangs: dict[str, int]) -> list[str]:
-    scheduled = {e["involvedObject"]["name"] for e in cluster.list("events", NS) if e.get("reason") == "Scheduled"}
+def started_gangs(cluster: Any, gangs: dict[str, int], ns: str = NS) -> list[str]:
+    scheduled = {e["involvedObject"]["name"] for e in cluster.list("events", ns) if e.get("reason") == "Scheduled"}
     return [g for g, n in gangs.items() if all(f"{g}-{i}" in scheduled for i in range(n))]
 
 

@@ -52,6 +52,36 @@ def pod_body(ns: str, name: str, group: str, *, cpu: str = "10m") -> dict[str, A
     }
 
 
+DRA_CLASS = "gpu.nvidia.com"  # the sandbox's DRA driver's DeviceClass
+
+
+def dra_group_body(rng: random.Random, ns: str, name: str) -> dict[str, Any]:
+    """A group on Dynamic Resource Allocation (CONTRACT §13): 1 to 3 devices of the class, a strategy drawn."""
+    body = on_dra(group_body(ns, name, {GPU: rng.choice((1, 1, 2, 3))}))
+    body["spec"]["schedulingStrategy"] = rng.choice(("binpack", "spread", "fgd"))
+    return body
+
+
+def on_dra(group: dict[str, Any]) -> dict[str, Any]:
+    """The same group with ``spec.claim`` for its whole GPUs instead of ``spec.resources`` (CONTRACT §13)."""
+    count = group["spec"].pop("resources")[GPU]
+    group["spec"]["claim"] = {"deviceClassName": DRA_CLASS, "count": count}
+    return group
+
+
+def wired_to_claim(pod: dict[str, Any]) -> dict[str, Any]:
+    """A DRA group's member as the webhook leaves one: the group's claim in ``spec.resourceClaims`` and the
+    container's ``resources.claims``."""
+    group = pod["metadata"]["annotations"][names.POD_GROUP_ANNOTATION]
+    pod["spec"]["resourceClaims"] = [{"name": names.POD_CLAIM_NAME, "resourceClaimName": names.claim_name(group)}]
+    pod["spec"]["containers"][0]["resources"]["claims"] = [{"name": names.POD_CLAIM_NAME}]
+    return pod
+
+
+def dra_pod_body(ns: str, name: str, group: str) -> dict[str, Any]:
+    return wired_to_claim(pod_body(ns, name, group))
+
+
 def ensure_namespace(cluster: Any, ns: str) -> None:
     if cluster.get("namespaces", ns) is None:
         cluster.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})

@@ -8,7 +8,8 @@ pods with the device IDs their containers will see, and the per-node device map.
 A Deployment's pods are made by the sandbox's small Deployment controller (through the webhook, as a
 ReplicaSet's are), named ``<deployment>-<n>``.
 
-With ``--dra`` the sandbox also runs its simulated NVIDIA DRA driver (ResourceSlices for the GPU nodes, the
+With ``--dra`` (the default when the examples have a ``dra`` folder, as the packaged ones do; ``--no-dra`` leaves
+it out) the sandbox also runs its simulated NVIDIA DRA driver (ResourceSlices for the GPU nodes, the
 DeviceClass ``gpu.nvidia.com``) and the demo applies ``examples/dra`` as well: a DRA group (CONTRACT §13) on the node
 labelled ``deviceshare.io/pool=dra`` (the nodes dedicated to deviceshare's DRA groups). It then shows each DRA
 group's ResourceClaim (state, node, devices, reserved for) and the CDI devices the kubelet got from the driver for
@@ -25,7 +26,7 @@ import logging
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -61,8 +62,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="where to write the demo cluster's kubeconfig (for kubectl, with --keep-running)",
     )
     parser.add_argument(
-        "--dra", action="store_true",
-        help="also run the simulated NVIDIA DRA driver and the DRA groups of <examples>/dra (CONTRACT §13)",
+        "--dra", action=argparse.BooleanOptionalAction, default=None,
+        help="also run the simulated NVIDIA DRA driver and the DRA groups of <examples>/dra (CONTRACT §13); "
+             "default: on when <examples>/dra exists (the packaged examples have it)",
     )
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for every pod to be bound")
     parser.add_argument(
@@ -111,7 +113,8 @@ async def demo(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     out = sys.stdout
     manifests = _manifests(args.examples)  # before starting anything: a folder with no pods is refused
-    dra = bool(getattr(args, "dra", False))
+    asked = getattr(args, "dra", False)
+    dra = (args.examples / "dra").is_dir() if asked is None else bool(asked)
     if dra:
         manifests += _manifests(args.examples / "dra")
     async with contextlib.AsyncExitStack() as stack:
@@ -229,6 +232,11 @@ def _print_groups(sandbox: Sandbox, out: Any) -> None:
     inspect_cmd.print_table(rows, out)
 
 
+def _on_claim(pod: Mapping[str, Any]) -> bool:
+    """Wired by the webhook to its group's ResourceClaim (CONTRACT §13)."""
+    return any(c.get("name") == names.POD_CLAIM_NAME for c in (pod.get("spec") or {}).get("resourceClaims") or [])
+
+
 def _print_pods(sandbox: Sandbox, pods: Sequence[tuple[str, str]], out: Any) -> None:
     rows = [("NAMESPACE", "POD", "GROUP", "NODE", "PHASE", "HANDOVER", "ENV THE CONTAINERS SEE")]
     for ns, name in pods:
@@ -238,10 +246,11 @@ def _print_pods(sandbox: Sandbox, pods: Sequence[tuple[str, str]], out: Any) -> 
         env = sorted(f"{k}={v}" for k, v in names.env_from_annotations(ann).items())
         wired = _wired_env(pod)
         shown = [e for e in env if e.split("=", 1)[0] in wired] or ["(not wired)"]
+        handover = handoverview.of_pod(pod).split(" ")[0] if names.POD_SELECTED_DEVICES_ANNOTATION in ann else "-"
+        if _on_claim(pod):  # a DRA group's member: no env var, the driver hands the claim's devices over by CDI
+            handover, shown = "dra", ["(none: the claim's CDI devices, below)"]
         rows.append((ns, name, ann.get(names.POD_GROUP_ANNOTATION, "-"), (pod.get("spec") or {}).get("nodeName", "-"),
-                     (pod.get("status") or {}).get("phase", "-"),
-                     handoverview.of_pod(pod).split(" ")[0] if names.POD_SELECTED_DEVICES_ANNOTATION in ann else "-",
-                     " ".join(shown)))
+                     (pod.get("status") or {}).get("phase", "-"), handover, " ".join(shown)))
     inspect_cmd.print_table(rows, out)
 
 
