@@ -1,0 +1,130 @@
+"""`inspect` and `explain` see a node's DRA devices as the operator does (CONTRACT §13): under their DeviceClass with
+``<pool>/<device>`` IDs, held by the DRA group whose status names them, tainted ones and those another claim holds
+not free, and the extended resource the DRA devices replace (``nvidia.com/gpu``) not offered at all."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+
+from deviceshare import cli
+from deviceshare.sandbox import Sandbox
+from tests.operator import dra
+from tests.operator.conftest import RunningOperator
+from tests.operator.kube import Kube
+
+NS = "ml"
+CLASS = dra.CLASS
+NODE = "gpu-node-0"
+
+
+@pytest.fixture
+def sandbox_options() -> dict[str, object]:
+    return {"nodes": 1, "gpus": 4, "dra": True}
+
+
+async def _main(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    capsys.readouterr()
+    rc = await asyncio.to_thread(cli.main, list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+async def _bound_dra_group(kube: Kube) -> str:
+    """gpu-0 allocated by kube-scheduler for other/theirs, gpu-1 tainted, then the DRA group "trainer" (1 device)
+    bound by the operator: the device it got."""
+    await dra.allocate_foreign(kube, "other", "theirs", NODE, ["gpu-0"])
+    await dra.taint_device(kube, NODE, "gpu-1")
+    await dra.create_dra_group(kube, NS, "trainer", 1)
+    await dra.create_member(kube, NS, "trainer-0", "trainer")
+    await kube.wait_bound(NS, "trainer-0")
+    group = await kube.wait_group(NS, "trainer", lambda g: bool((g.get("status") or {}).get("allocatedDevices")),
+                                  "devices in its status")
+    (device,) = group["status"]["allocatedDevices"][CLASS]
+    assert device in (f"{NODE}/gpu-2", f"{NODE}/gpu-3")
+    return str(device)
+
+
+async def test_a_dra_nodes_devices_under_their_class_with_holders_taints_and_other_claims(
+    cluster: Sandbox, kube: Kube, operator: RunningOperator, capsys: pytest.CaptureFixture[str]
+) -> None:
+    held = await _bound_dra_group(kube)
+    free = ({f"{NODE}/gpu-2", f"{NODE}/gpu-3"} - {held}).pop()
+    kubeconfig = str(cluster.kubeconfig)
+    rc, out, err = await _main(capsys, "inspect", "--kubeconfig", kubeconfig, "-o", "json")
+    assert rc == 0 and err == ""
+    (node,) = json.loads(out)["nodes"]
+    # The node's nvidia.com/gpu are these same GPUs: the operator does not offer them, inspect does not either.
+    assert set(node["resources"]) == {CLASS}
+    shown = node["resources"][CLASS]
+    devices = {d["id"]: d for d in shown["devices"]}
+    assert list(devices) == [f"{NODE}/gpu-{i}" for i in range(4)]
+    assert all(d["inInventory"] and not d["conflict"] for d in devices.values())
+    assert [g["name"] for g in devices[held]["groups"]] == ["trainer"]
+    assert devices[f"{NODE}/gpu-0"]["claims"] == ["other/theirs"]
+    assert devices[f"{NODE}/gpu-1"].get("tainted") is True
+    assert (shown["total"], shown["allocated"], shown["free"]) == (4, 2, [free])
+
+    rc, out, _ = await _main(capsys, "inspect", "--kubeconfig", kubeconfig)
+    rows = {r.split()[2]: r.split() for r in out.splitlines() if r.startswith(f"{NODE} ")}
+    assert rows[f"{NODE}/gpu-0"][3] == "claim:other/theirs"
+    assert rows[f"{NODE}/gpu-1"][-1] == "TAINTED"
+    assert rows[held][3] == "ml/trainer"
+    assert "NOT-IN-INVENTORY" not in out and "nvidia.com/gpu" not in out
+    assert f"{NODE}: {CLASS} 2/4 allocated" in out.splitlines()
+
+
+async def test_explain_counts_a_dra_nodes_free_devices_and_no_extended_resource(
+    cluster: Sandbox, kube: Kube, operator: RunningOperator, capsys: pytest.CaptureFixture[str]
+) -> None:
+    await _bound_dra_group(kube)
+    await dra.create_dra_group(kube, NS, "wide", 2)
+    await dra.create_member(kube, NS, "wide-0", "wide")
+    await dra.create_dra_group(kube, NS, "all", 4)
+    await dra.create_member(kube, NS, "all-0", "all")
+    await kube.create_group(NS, "plugin", {"nvidia.com/gpu": 1})
+    await kube.create_pod(NS, "plugin-0", "plugin")
+    for group in ("wide", "all", "plugin"):
+        await kube.wait_group(NS, group, lambda g: "nodes are available" in _scheduled(g), "a reason")
+    kubeconfig = str(cluster.kubeconfig)
+    rc, out, _ = await _main(capsys, "explain", "--kubeconfig", kubeconfig, "wide-0", "-n", NS)
+    assert rc == 0
+    assert (f"  - 1 node(s) would fit the group but for {CLASS} devices tainted NoSchedule/NoExecute or allocated by "
+            f"a ResourceClaim deviceshare did not make: {NODE} (1 free; {NODE}/gpu-0 claim other/theirs, "
+            f"{NODE}/gpu-1 tainted). Remove the device taint or free that claim; `deviceshare inspect` shows "
+            "them.") in out.splitlines()
+    rc, out, _ = await _main(capsys, "explain", "--kubeconfig", kubeconfig, "all-0", "-n", NS)
+    assert f"  - The group needs 4 {CLASS} on ONE node; free {CLASS} per shared node: {NODE} 1/4." in out.splitlines()
+    rc, out, _ = await _main(capsys, "explain", "--kubeconfig", kubeconfig, "plugin-0", "-n", NS)
+    assert rc == 0
+    assert ("  - The group needs 1 nvidia.com/gpu on ONE node; free nvidia.com/gpu per shared node: no shared node "
+            "has any.") in out.splitlines()
+
+
+async def test_claims_the_user_may_not_read_are_said_in_one_line_and_the_rest_shown(
+    cluster: Sandbox, kube: Kube, operator: RunningOperator, capsys: pytest.CaptureFixture[str]
+) -> None:
+    held = await _bound_dra_group(kube)
+    fault = cluster.inject_fault("GET", r"^/apis/resource\.k8s\.io/v1/resourceclaims$", status=403, times=None,
+                                 message="resourceclaims.resource.k8s.io is forbidden")
+    try:
+        rc, out, err = await _main(capsys, "inspect", "--kubeconfig", str(cluster.kubeconfig), "-o", "json")
+    finally:
+        cluster.clear_faults()
+    assert fault.fired >= 1
+    assert rc == 0
+    (line,) = err.splitlines()
+    assert line.startswith("deviceshare inspect: Not allowed to list resourceclaims (resource.k8s.io/v1, 403")
+    (node,) = json.loads(out)["nodes"]
+    devices = {d["id"]: d for d in node["resources"][CLASS]["devices"]}
+    assert [g["name"] for g in devices[held]["groups"]] == ["trainer"]
+    assert devices[f"{NODE}/gpu-1"].get("tainted") is True
+    assert "claims" not in devices[f"{NODE}/gpu-0"]  # what it could not read, it does not make up
+
+
+def _scheduled(group: dict[str, Any]) -> str:
+    return next((str(c.get("message") or "") for c in (group.get("status") or {}).get("conditions") or []
+                 if c["type"] == "Scheduled"), "")
