@@ -124,6 +124,22 @@ async def test_claims_the_user_may_not_read_are_said_in_one_line_and_the_rest_sh
     assert devices[f"{NODE}/gpu-1"].get("tainted") is True
     assert "claims" not in devices[f"{NODE}/gpu-0"]  # what it could not read, it does not make up
 
+    # explain, for a pod that waits, says it before its hints (here the slices are forbidden too).
+    await dra.create_dra_group(kube, NS, "all", 4)
+    await dra.create_member(kube, NS, "all-0", "all")
+    await kube.wait_group(NS, "all", lambda g: "nodes are available" in _scheduled(g), "a reason")
+    fault = cluster.inject_fault("GET", r"^/apis/resource\.k8s\.io/v1/resource(slices|claims)$", status=403,
+                                 times=None)
+    try:
+        rc, out, _ = await _main(capsys, "explain", "--kubeconfig", str(cluster.kubeconfig), "all-0", "-n", NS)
+    finally:
+        cluster.clear_faults()
+    assert fault.fired >= 2
+    assert rc == 0
+    notes = [line for line in out.splitlines() if line.startswith("Not allowed to list")]
+    assert notes == [out.splitlines()[out.splitlines().index("What would help:") - 1]]
+    assert notes[0].startswith("Not allowed to list resourceslices, resourceclaims (resource.k8s.io/v1, 403")
+
 
 def _scheduled(group: dict[str, Any]) -> str:
     return next((str(c.get("message") or "") for c in (group.get("status") or {}).get("conditions") or []
