@@ -75,6 +75,8 @@ async def test_a_dra_nodes_devices_under_their_class_with_holders_taints_and_oth
     assert rows[held][3] == "ml/trainer"
     assert "NOT-IN-INVENTORY" not in out and "nvidia.com/gpu" not in out
     assert f"{NODE}: {CLASS} 2/4 allocated" in out.splitlines()
+    # Its member got the devices from the DRA driver through the claim, not by an env var.
+    assert f"  ml/trainer-0  {NODE}  dra claim trainer-devices" in out.splitlines()
 
 
 async def test_explain_counts_a_dra_nodes_free_devices_and_no_extended_resource(
