@@ -9,12 +9,17 @@ import json
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from deviceshare import cli
-from deviceshare.sandbox import Sandbox
+from deviceshare.api import names
+from deviceshare.cli import draview, inspect
+from deviceshare.sandbox import Sandbox, dradriver
 from tests.operator import dra
 from tests.operator.conftest import RunningOperator
 from tests.operator.kube import Kube
+from tests.sandbox.dra_objects import allocation, resource_slice
 
 NS = "ml"
 CLASS = dra.CLASS
@@ -146,3 +151,51 @@ async def test_claims_the_user_may_not_read_are_said_in_one_line_and_the_rest_sh
 def _scheduled(group: dict[str, Any]) -> str:
     return next((str(c.get("message") or "") for c in (group.get("status") or {}).get("conditions") or []
                  if c["type"] == "Scheduled"), "")
+
+
+_STATES = ("free", "tainted", "theirs", "ours", "ours-tainted")
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.sampled_from(_STATES), min_size=1, max_size=6))
+def test_a_dra_device_is_free_only_when_no_group_no_other_claim_and_no_taint_holds_it(states: list[str]) -> None:
+    """Whatever mix of held, claimed and tainted devices: free is exactly the rest, each device listed once under
+    its class, holders and claims as the API says, and the node's nvidia.com/gpu never offered beside them."""
+    ids = [f"{NODE}/gpu-{i}" for i in range(len(states))]
+    devices = []
+    for i, state in enumerate(states):
+        device = dradriver.gpu_device(NODE, i, 81920, shared=False)
+        if state.endswith("tainted"):
+            device["taints"] = [{"key": "example.com/broken", "value": "true", "effect": "NoExecute"}]
+        devices.append(device)
+    ours = [d for d, s in zip(ids, states, strict=True) if s.startswith("ours")]
+    theirs = [d for d, s in zip(ids, states, strict=True) if s == "theirs"]
+    node = {"metadata": {"name": NODE, "labels": {names.NODE_MODE_LABEL: names.NODE_MODE_SHARED}},
+            "status": {"allocatable": {"nvidia.com/gpu": str(len(states)), "cpu": "8", "memory": "8Gi"},
+                       "conditions": [{"type": "Ready", "status": "True"}]}}
+    group = {"metadata": {"namespace": NS, "name": "trainer"}, "spec": {"claim": {"deviceClassName": CLASS}},
+             "status": {"phase": "Bound", "members": ["trainer-0"], "nodeName": NODE, "allocatedDevices": {CLASS: ours}}
+             if ours else {}}
+
+    def claim(ns: str, name: str, held: list[str], owned: bool) -> dict[str, Any]:
+        meta: dict[str, Any] = {"namespace": ns, "name": name}
+        if owned:
+            meta["ownerReferences"] = [{"apiVersion": names.API_VERSION, "kind": names.KIND, "name": "trainer",
+                                        "controller": True, "uid": "u"}]
+        return {"metadata": meta, "status": {"allocation": allocation(NODE, *(d.split("/")[1] for d in held))}}
+
+    claims = [claim(NS, "trainer-devices", ours, True)] if ours else []
+    claims += [claim("other", "theirs", theirs, False)] if theirs else []
+    objects = draview.DraObjects([resource_slice(NODE, *devices)], [dradriver.device_class()], claims)
+    (shown,) = inspect.device_map([node], [group], objects)
+
+    assert set(shown.resources) == {CLASS}
+    listed = {d.id: d for d in shown.resources[CLASS]}
+    assert list(listed) == ids
+    assert shown.free(CLASS) == [d for d, s in zip(ids, states, strict=True) if s == "free"]
+    for device_id, state in zip(ids, states, strict=True):
+        d = listed[device_id]
+        assert d.in_inventory and not d.conflict
+        assert d.tainted == state.endswith("tainted")
+        assert [h.ref for h in d.holders] == ([f"{NS}/trainer"] if state.startswith("ours") else [])
+        assert d.claims == (("other/theirs",) if state == "theirs" else ())
