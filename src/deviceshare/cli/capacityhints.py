@@ -16,6 +16,25 @@ from deviceshare.cli import inspect as inspect_
 
 _CAPACITY = re.compile(r"^insufficient (?P<resource>\S+) (?P<what>compute|memory|tiles)$")
 _UNDECLARED = re.compile(r"^no declared device (?P<what>memory|tiles) for (?P<resource>\S+)$")
+_WITHHELD = re.compile(r"^node\(s\) had (?P<resource>\S+) devices tainted or allocated by another ResourceClaim$")
+
+
+def withheld_hint(reason: str, count: int, devices: list[inspect_.NodeDevices]) -> str | None:
+    """For a DRA group (CONTRACT §13) whose nodes would have room but for tainted devices or devices another
+    ResourceClaim (not deviceshare's) holds: which ones, per node, as `inspect` shows them."""
+    withheld = _WITHHELD.match(reason)
+    if not withheld:
+        return None
+    resource = withheld.group("resource")
+    per_node = []
+    for n in devices:
+        blocked = [f"{d.id} " + ("tainted" if d.tainted else f"claim {','.join(d.claims)}")
+                   for d in n.resources.get(resource, ()) if d.tainted or (d.claims and not d.holders)]
+        if blocked:
+            per_node.append(f"{n.name} ({len(n.free(resource))} free; {', '.join(blocked)})")
+    return (f"{count} node(s) would fit the group but for {resource} devices tainted NoSchedule/NoExecute or "
+            f"allocated by a ResourceClaim deviceshare did not make: {'; '.join(per_node) or '?'}. Remove the "
+            "device taint or free that claim; `deviceshare inspect` shows them.")
 
 
 def capacity_hint(

@@ -187,7 +187,7 @@ async def demo(args: argparse.Namespace) -> int:
             _print_claims(sandbox, out)
             print(file=out)
         snapshot = await inspect_cmd.read_snapshot(api, pods=False)
-        inspect_cmd.render_table(inspect_cmd.device_map(snapshot.nodes, snapshot.groups), out)
+        inspect_cmd.render_table(snapshot.device_map(), out)
         print(f"\n{len(bound)}/{len(pods)} pods bound in {time.perf_counter() - started:.1f}s", file=out)
         if args.keep_running:
             print(f"\ncluster kept running: export KUBECONFIG={sandbox.kubeconfig}; Ctrl-C to stop", file=out)

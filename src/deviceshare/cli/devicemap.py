@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from deviceshare.api import names, quantities
-from deviceshare.cli import linkview, shareview
+from deviceshare.cli import draview, linkview, shareview
 from deviceshare.core import capacity, inventory
 from deviceshare.core import topology as topologies
 
@@ -21,6 +21,7 @@ FREE = "-"
 CONFLICT = "CONFLICT"
 NOT_IN_INVENTORY = "NOT-IN-INVENTORY"
 UNHEALTHY = "UNHEALTHY"
+TAINTED = "TAINTED"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +54,8 @@ class Device:
     memory_cap: int | None = None  # bytes the node declares per device of this resource
     tiles_cap: int = 0
     unhealthy: bool = False  # the node reports it so (deviceshare.io/device-health): no new group gets it
+    tainted: bool = False  # a DRA device tainted NoSchedule/NoExecute: no new group gets it
+    claims: tuple[str, ...] = ()  # ResourceClaims (namespace/name) not deviceshare's whose allocation holds it
 
     def use(self) -> capacity.DeviceUse | None:
         """The parts sharing holders took, summed by the core's arithmetic; None when nobody shares."""
@@ -108,11 +111,13 @@ class NodeDevices:
         return sum(1 for d in self.resources.get(resource, ()) if d.in_inventory)
 
     def allocated(self, resource: str) -> int:
-        return sum(1 for d in self.resources.get(resource, ()) if d.in_inventory and d.holders)
+        return sum(1 for d in self.resources.get(resource, ()) if d.in_inventory and (d.holders or d.claims))
 
     def free(self, resource: str) -> list[str]:
-        """Devices a new group could get: in the inventory, held by nobody, not unhealthy."""
-        return [d.id for d in self.resources.get(resource, ()) if d.in_inventory and not d.holders and not d.unhealthy]
+        """Devices a new group could get: in the inventory, held by nobody (no group, no other claim), not
+        unhealthy, not tainted."""
+        return [d.id for d in self.resources.get(resource, ())
+                if d.in_inventory and not d.holders and not d.claims and not d.unhealthy and not d.tainted]
 
     def links(self, resource: str) -> dict[str, list[str]]:
         """Group ref -> its devices of ``resource`` on this node, for the links they have."""
@@ -129,8 +134,11 @@ def _holder(group: Mapping[str, Any]) -> Holder:
     )
 
 
-def device_map(nodes: Sequence[Mapping[str, Any]], groups: Sequence[Mapping[str, Any]]) -> list[NodeDevices]:
-    """Per node: every device and the groups whose status holds it.
+def device_map(
+    nodes: Sequence[Mapping[str, Any]], groups: Sequence[Mapping[str, Any]], dra: draview.DraObjects | None = None
+) -> list[NodeDevices]:
+    """Per node: every device and the groups whose status holds it; with ``dra``, a node's DRA devices folded in as
+    the operator folds them (:mod:`deviceshare.cli.draview`).
 
     Shown: nodes in shared mode, plus any node a group's status points at (even a missing one,
     so a group stranded on a deleted node is visible). Sorted by node name.
@@ -148,7 +156,8 @@ def device_map(nodes: Sequence[Mapping[str, Any]], groups: Sequence[Mapping[str,
                 held = dataclasses.replace(holder, share=shares.get(resource), tiles=tiles.get(str(device_id), ()))
                 claims.setdefault(str(node), {}).setdefault(resource, {}).setdefault(str(device_id), []).append(held)
 
-    infos = {info.name: info for info in (inventory.node_from_object(n) for n in nodes)}
+    folded = draview.Folded(dra or draview.DraObjects(), groups)
+    infos = {info.name: info for info in (folded.node(inventory.node_from_object(n)) for n in nodes)}
     out: list[NodeDevices] = []
     for name in sorted({n for n, i in infos.items() if i.shared} | set(claims)):
         info = infos.get(name)
@@ -158,12 +167,14 @@ def device_map(nodes: Sequence[Mapping[str, Any]], groups: Sequence[Mapping[str,
         for resource in sorted(set(offered) | set(claimed)):
             ids = offered.get(resource, ())
             by_id = claimed.get(resource, {})
-            caps = {"memory_cap": info.device_memory.get(resource) if info else None,
-                    "tiles_cap": info.device_tiles.get(resource, 0) if info else 0}
+            memory_cap = info.device_memory.get(resource) if info else None
+            tiles_cap = info.device_tiles.get(resource, 0) if info else 0
             sick = info.unhealthy.get(resource, frozenset()) if info else frozenset()
-            devices = [Device(i, tuple(by_id.get(i, ())), unhealthy=i in sick, **caps)  # type: ignore[arg-type]
-                       for i in ids]
-            devices += [Device(i, tuple(h), False, **caps)  # type: ignore[arg-type]
+            withheld = info.withheld.get(resource, frozenset()) if info else frozenset()
+            devices = [Device(i, tuple(by_id.get(i, ())), memory_cap=memory_cap, tiles_cap=tiles_cap,
+                              unhealthy=i in sick, tainted=i in withheld and folded.tainted(i),
+                              claims=folded.claims(i)) for i in ids]
+            devices += [Device(i, tuple(h), False, memory_cap, tiles_cap)
                         for i, h in sorted(by_id.items()) if i not in ids]
             resources[resource] = tuple(devices)
         out.append(NodeDevices(

@@ -87,7 +87,7 @@ def _hints(facts: Facts, message: str) -> list[str]:
     spec = (group or {}).get("spec") or {}
     ns = str(facts.pod["metadata"].get("namespace", ""))
     name = _group_name(facts.pod) or ""
-    devices = inspect_.device_map(facts.snapshot.nodes, facts.snapshot.groups)
+    devices = facts.snapshot.device_map()
     infos = [inventory.node_from_object(n) for n in facts.snapshot.nodes]
     hints: list[str] = []
     if "not found in namespace" in message or (name and group is None):
@@ -102,12 +102,15 @@ def _hints(facts: Facts, message: str) -> list[str]:
         hints.append(f"The group is full (maxMembers {spec.get('maxMembers')}; other members: "
                      f"{', '.join(others) or 'none'}). Raise spec.maxMembers or delete a member.")
     for reason, count in split_reasons(message).items():
-        share_hint = capacityhints.capacity_hint(reason, count, spec, devices)
+        share_hint = (capacityhints.capacity_hint(reason, count, spec, devices)
+                      or capacityhints.withheld_hint(reason, count, devices))
         if share_hint:
             hints.append(share_hint)
         elif reason.startswith("insufficient "):
             resource = reason.removeprefix("insufficient ")
-            need = (spec.get("resources") or {}).get(resource)
+            claim = spec.get("claim") or {}  # a DRA group asks for count devices of its DeviceClass
+            need = claim.get("count") if claim.get("deviceClassName") == resource else (
+                spec.get("resources") or {}).get(resource)
             free = ", ".join(f"{n.name} {len(n.free(resource))}/{n.total(resource)}"
                              for n in devices if n.exists and n.shared and resource in n.resources)
             if resource in ("cpu", "memory"):
@@ -245,6 +248,9 @@ def explain(facts: Facts) -> list[str]:
             hints.append("These pods were created while the admission webhook did not run, so nothing scheduled "
                          "them: make it run (kubectl -n deviceshare-system get pods), then delete and recreate "
                          "the pods the condition names.")
+        note = facts.snapshot.dra.note()  # the hints below could not see what the user may not read
+        if note:
+            lines.append(note)
         if hints:
             lines.append("What would help:")
             lines += [f"  - {h}" for h in hints]

@@ -1,6 +1,8 @@
 """How each bound member pod was handed its devices (CONTRACT §12): what ``deviceshare inspect`` shows below the
 device map, ``explain`` in one line and ``demo`` in a column. Read from the pod's own annotations, as the
-operator wrote them in its Binding: ``cdi`` with the CDI devices its containers are given, or ``env``."""
+operator wrote them in its Binding: ``cdi`` with the CDI devices its containers are given, or ``env``; a DRA
+group's member (CONTRACT §13), wired by the webhook to the group's ResourceClaim, gets its devices from the DRA
+driver (CDI) through that claim: ``dra claim <name>``, never an env var."""
 
 from __future__ import annotations
 
@@ -27,6 +29,9 @@ class PodHandover:
 
 
 def of_pod(pod: Mapping[str, Any]) -> str:
+    for claim in (pod.get("spec") or {}).get("resourceClaims") or ():
+        if claim.get("name") == names.POD_CLAIM_NAME and claim.get("resourceClaimName"):
+            return f"dra claim {claim['resourceClaimName']}"
     return handovers.describe((pod.get("metadata") or {}).get("annotations"))
 
 

@@ -23,11 +23,12 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TextIO
 
 from deviceshare.api import names
-from deviceshare.cli import claimview, handoverview, linkview, shareview, waitingview
+from deviceshare.cli import claimview, draview, handoverview, linkview, shareview, waitingview
 from deviceshare.cli.devicemap import (
     CONFLICT,
     FREE,
     NOT_IN_INVENTORY,
+    TAINTED,
     UNHEALTHY,
     Device,
     Holder,
@@ -36,9 +37,9 @@ from deviceshare.cli.devicemap import (
 )
 
 # The device map lives in devicemap.py; inspect's importers (explain, demo, tests) keep reading it from here.
-__all__ = ["CONFLICT", "FREE", "NOT_IN_INVENTORY", "UNHEALTHY", "Device", "Holder", "NodeDevices", "Snapshot",
-           "add_arguments", "device_map", "get_json", "inspect", "print_table", "read_snapshot", "render_table",
-           "run", "to_json"]
+__all__ = ["CONFLICT", "FREE", "NOT_IN_INVENTORY", "TAINTED", "UNHEALTHY", "Device", "Holder", "NodeDevices",
+           "Snapshot", "add_arguments", "device_map", "get_json", "inspect", "print_table", "read_snapshot",
+           "render_table", "run", "to_json"]
 
 if TYPE_CHECKING:
     from kubernetes_asyncio import client as k8s
@@ -46,11 +47,15 @@ if TYPE_CHECKING:
 
 @dataclasses.dataclass(frozen=True)
 class Snapshot:
-    """What inspect and explain read, once: raw nodes, groups and pods."""
+    """What inspect and explain read, once: raw nodes, groups and pods, and the DRA objects (CONTRACT §13)."""
 
     nodes: list[dict[str, Any]]
     groups: list[dict[str, Any]]
     pods: list[dict[str, Any]]
+    dra: draview.DraObjects = dataclasses.field(default_factory=draview.DraObjects)
+
+    def device_map(self) -> list[NodeDevices]:
+        return device_map(self.nodes, self.groups, self.dra)
 
 
 async def get_json(api: k8s.ApiClient, path: str) -> Any:
@@ -60,12 +65,12 @@ async def get_json(api: k8s.ApiClient, path: str) -> Any:
 
 
 async def read_snapshot(api: k8s.ApiClient, *, pods: bool = True) -> Snapshot:
-    node_list, group_list = await asyncio.gather(
-        get_json(api, "/api/v1/nodes"), get_json(api, f"/apis/{names.API_VERSION}/{names.PLURAL}")
+    node_list, group_list, dra = await asyncio.gather(
+        get_json(api, "/api/v1/nodes"), get_json(api, f"/apis/{names.API_VERSION}/{names.PLURAL}"), draview.read(api)
     )
     pod_list = await get_json(api, "/api/v1/pods") if pods else {"items": []}
     return Snapshot(list(node_list.get("items") or []), list(group_list.get("items") or []),
-                    list(pod_list.get("items") or []))
+                    list(pod_list.get("items") or []), dra)
 
 
 # -- rendering ---------------------------------------------------------------------------------
@@ -91,6 +96,8 @@ def to_json(nodes: Sequence[NodeDevices]) -> dict[str, Any]:
                                 "inInventory": d.in_inventory,
                                 "conflict": d.conflict,
                                 **({"unhealthy": True} if d.unhealthy else {}),
+                                **({"tainted": True} if d.tainted else {}),
+                                **({"claims": list(d.claims)} if d.claims else {}),
                                 **({"problem": d.problem} if d.problem else {}),
                                 **({"left": d.left()} if d.left() else {}),
                                 "groups": [
@@ -137,8 +144,13 @@ def render_table(nodes: Sequence[NodeDevices], out: TextIO) -> None:
                     notes.append(NOT_IN_INVENTORY)
                 if d.unhealthy:
                     notes.append(UNHEALTHY)
+                if d.tainted:
+                    notes.append(TAINTED)
                 left = ",".join(f"{k}={v}" for k, v in d.left().items()) or FREE
-                if not d.holders:
+                # A claim not deviceshare's holds the device (kube-scheduler's, a tenant's): one row per claim.
+                for claim in d.claims:
+                    rows.append((n.name, resource, d.id, f"claim:{claim}", "whole", FREE, left, " ".join(notes)))
+                if not d.holders and not d.claims:
                     rows.append((n.name, resource, d.id, FREE, FREE, FREE, left, " ".join(notes)))
                 # One row per holder: a shared device lists each group with its share.
                 for h in d.holders:
@@ -176,14 +188,14 @@ async def inspect(
     kubeconfig: str | None, *, context: str | None = None, only: Sequence[str] | None = None
 ) -> tuple[list[NodeDevices], list[waitingview.Waiting]]:
     """The device map (of ``only`` these nodes), and the groups that wait (all of them, with why)."""
-    nodes, waiting, _, _ = await _inspect(kubeconfig, context=context, only=only, members=False)
+    nodes, waiting, _, _, _ = await _inspect(kubeconfig, context=context, only=only, members=False)
     return nodes, waiting
 
 
 async def _inspect(
     kubeconfig: str | None, *, context: str | None, only: Sequence[str] | None, members: bool
 ) -> tuple[list[NodeDevices], list[waitingview.Waiting], list[handoverview.PodHandover],
-           list[claimview.GroupClaim]]:
+           list[claimview.GroupClaim], draview.DraObjects]:
     """:func:`inspect`, and with ``members`` each bound member pod's hand-over (CONTRACT §12) and the DRA groups'
     claims (CONTRACT §13)."""
     from deviceshare.kube import connecting
@@ -192,16 +204,16 @@ async def _inspect(
         snap = await read_snapshot(api, pods=False)
         pods = (await get_json(api, handoverview.MEMBER_PODS_PATH)).get("items") or [] if members else []
         claims = await claimview.read_claims(api) if members else []
-    nodes = device_map(snap.nodes, snap.groups)
+    nodes = snap.device_map()
     return ([n for n in nodes if not only or n.name in only], waitingview.waiting(snap.groups),
-            handoverview.bound_members(pods, only), [c for c in claims if not only or c.node in only])
+            handoverview.bound_members(pods, only), [c for c in claims if not only or c.node in only], snap.dra)
 
 
 def run(args: argparse.Namespace) -> int:
     from deviceshare.kube import rest
 
     try:
-        nodes, waiting, members, claims = asyncio.run(
+        nodes, waiting, members, claims, dra = asyncio.run(
             _inspect(args.kubeconfig, context=args.context, only=args.node, members=True))
     except rest.ApiError as e:
         print(f"deviceshare inspect: {e}", file=sys.stderr)
@@ -212,6 +224,9 @@ def run(args: argparse.Namespace) -> int:
     if args.node and not nodes:
         print(f"deviceshare inspect: no such shared node: {', '.join(args.node)}", file=sys.stderr)
         return 1
+    note = dra.note()
+    if note:  # a kind the user may not read: said once, the rest shown
+        print(f"deviceshare inspect: {note}", file=sys.stderr)
     if args.output == "json":
         json.dump({**to_json(nodes), "waiting": waitingview.to_json(waiting),
                    "handovers": handoverview.to_json(members), "claims": claimview.to_json(claims)},
