@@ -35,7 +35,9 @@ async def dra_group_with_a_member(kube: Kube, cluster: Sandbox) -> dict[str, Any
     await kube.ensure_namespace(NS)
     cluster.create({"apiVersion": names.API_VERSION, "kind": names.KIND,
                     "metadata": {"name": "trainer", "namespace": NS},
-                    "spec": {"claim": {"deviceClassName": "gpu.nvidia.com", "count": 2}}})
+                    # 3 GPUs where the one node has 2: the operator makes the claim but never allocates it, so the
+                    # test sees it pending for as long as it likes, then allocates it by hand.
+                    "spec": {"claim": {"deviceClassName": "gpu.nvidia.com", "count": 3}}})
     await kube.create_pod(NS, "trainer-0", "trainer")
     claim: dict[str, Any] = await kube.wait_for(
         lambda: cluster.get("resourceclaims", "trainer-devices", NS), "the operator's claim")
