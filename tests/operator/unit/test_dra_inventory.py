@@ -111,3 +111,18 @@ async def test_a_decision_never_evaluates_selectors_on_the_event_loop_after_a_sl
     dra.excluded_work = lambda *a: evaluations.append(a) or (lambda: {})  # type: ignore[method-assign]
     assert draplacing.narrowed(ctx, spec, snapshot) is None
     assert evaluations == []  # nothing evaluated here: the next cycle's pre-filter does it off the loop
+
+
+def test_a_dra_node_whose_slice_goes_away_does_not_offer_its_held_gpus_as_the_extended_resource() -> None:
+    """The kubelet deletes a node's ResourceSlices when its DRA driver unregisters (a restart, an upgrade) while a
+    group still holds devices there: those GPUs must not come back as ``nvidia.com/gpu`` for a device-plugin
+    group meanwhile (handed twice); once no claim allocates them, the node is a device-plugin node again."""
+    held = {("ml", "g"): {CLASS: ("n1/gpu-0",)}}
+    dra = inventory_with(held)
+    dra.on_slice("ADDED", slice_of("n1", gpus=2))
+    assert builders.GPU not in dra.node(builders.node("n1", gpus=2)).devices
+    dra.on_claim("ADDED", claim_of("g-devices", ["n1/gpu-0"], owner="g"))
+    dra.on_slice("DELETED", {"metadata": {"name": "n1-slice"}})
+    assert builders.GPU not in dra.node(builders.node("n1", gpus=2)).devices
+    assert dra.on_claim("DELETED", {"metadata": {"namespace": "ml", "name": "g-devices"}}) == {"n1"}  # looked at again
+    assert dra.node(builders.node("n1", gpus=2)).devices == {builders.GPU: ("0", "1")}
