@@ -126,3 +126,22 @@ def test_a_dra_node_whose_slice_goes_away_does_not_offer_its_held_gpus_as_the_ex
     assert builders.GPU not in dra.node(builders.node("n1", gpus=2)).devices
     assert dra.on_claim("DELETED", {"metadata": {"namespace": "ml", "name": "g-devices"}}) == {"n1"}  # looked at again
     assert dra.node(builders.node("n1", gpus=2)).devices == {builders.GPU: ("0", "1")}
+
+
+def test_a_rebuild_trusts_only_a_claim_its_group_owns_by_uid() -> None:
+    """After a restart the claims of our groups are records of what deviceshare gave: a claim named
+    ``<group>-devices`` whose controller reference names the group but not its uid (a tenant's, or one an earlier
+    group of that name left) is somebody else's allocation, never the group's holding."""
+    from deviceshare.operator import draintake, records
+
+    group = records.group_record({"metadata": {"namespace": "ml", "name": "g", "uid": "uid-g", "generation": 1},
+                                  "spec": {"claim": {"deviceClassName": CLASS, "count": 1}}})
+    dra = inventory_with({})
+    dra.on_slice("ADDED", slice_of("n1", gpus=2))
+    dra.node(builders.node("n1", gpus=2))
+    tenants = claim_of("g-devices", ["n1/gpu-0"], owner="g")  # controller reference with uid "u"
+    dra.on_claim("ADDED", tenants)
+    assert draintake.our_claims(dra, {("ml", "g"): group}) == []
+    tenants["metadata"]["ownerReferences"][0]["uid"] = "uid-g"  # the group's own claim
+    dra.on_claim("ADDED", tenants)
+    assert [c.devices for c in draintake.our_claims(dra, {("ml", "g"): group})] == [{CLASS: ("n1/gpu-0",)}]
