@@ -145,3 +145,21 @@ def test_a_rebuild_trusts_only_a_claim_its_group_owns_by_uid() -> None:
     tenants["metadata"]["ownerReferences"][0]["uid"] = "uid-g"  # the group's own claim
     dra.on_claim("ADDED", tenants)
     assert [c.devices for c in draintake.our_claims(dra, {("ml", "g"): group})] == [{CLASS: ("n1/gpu-0",)}]
+
+
+def test_a_gone_groups_claim_we_just_allocated_is_released_before_its_devices_even_if_the_watch_lags() -> None:
+    """A roll-back or a release of a group that is gone asks whether its claim holds an allocation first: the
+    claim we wrote a moment ago (remembered from the write's answer) counts even before its watch event arrives,
+    or the ledger would give the devices back while the API shows the claim allocated."""
+    from deviceshare.operator import draallocation
+
+    class Ctx:
+        pass
+
+    ctx: Any = Ctx()
+    ctx.dra = inventory_with({})
+    written = claim_of("g-devices", ["n1/gpu-0"], owner="g")
+    ctx.dra.bodies.keep(("ml", "g"), written)  # reserve_for's answer; the claims watch has not shown it yet
+    assert draallocation.holds_claim(ctx, None, ("ml", "g"))
+    ctx.dra.bodies.keep(("ml", "g"), {**written, "status": {}})  # cleared
+    assert not draallocation.holds_claim(ctx, None, ("ml", "g"))
