@@ -216,6 +216,10 @@ def is_dra(group: state_.GroupRecord | None) -> bool:
 
 def holds_claim(ctx: Context, group: state_.GroupRecord | None, key: state_.GroupKey) -> bool:
     """Whether releasing ``key`` must first release its claim: a DRA group, or (the group gone) one whose claim
-    the inventory shows allocated."""
-    return is_dra(group) or (group is None and ctx.dra.allocation(claim_key(key)) is not None)
+    the inventory shows allocated, or our last copy of it does (a write of ours its watch event has not shown)."""
+    if is_dra(group):
+        return True
+    written = ctx.dra.bodies.get(key)
+    return group is None and (ctx.dra.allocation(claim_key(key)) is not None
+                              or (written is not None and bool((written.get("status") or {}).get("allocation"))))
 

@@ -6,10 +6,10 @@ ledger's view of the nodes it changes.
 A cluster that does not serve ``resource.k8s.io/v1`` (404 on the list) has no DRA for that term: nothing is
 watched, every node offers what its Node object says.
 
-Also here: the claims a rebuild trusts. Only a claim of ours (owned by its group, named ``<group>-devices``) says
-what deviceshare gave that group; its allocation is rebuilt into the ledger beside the groups' statuses (a status
-wins where both speak: ``claims.choose``). Anybody else's allocation is never a holding of a group, only devices
-taken (``NodeInfo.withheld``).
+Also here: the claims a rebuild trusts. Only a claim of ours (owned by its group, by uid, named ``<group>-devices``)
+says what deviceshare gave that group; its allocation is rebuilt into the ledger beside the groups' statuses (a
+status wins where both speak: ``claims.choose``). Anybody else's allocation is never a holding of a group, only
+devices taken (``NodeInfo.withheld``).
 """
 
 from __future__ import annotations
@@ -65,6 +65,10 @@ def our_claims(dra: drainventory.DraInventory, groups: Mapping[tuple[str, str], 
         group = claim.owner
         record = groups.get(group) if group is not None else None
         if group is None or record is None or claim.key != (group[0], names.claim_name(group[1])):
+            continue
+        if claim.owner_uid != record.uid:  # names the group but is not its (a tenant's, or an earlier group's)
+            logger.warning("ResourceClaim %s/%s: not owned by this group %s (uid %s): not trusted as its holding",
+                           *claim.key, group[1], record.uid)
             continue
         devices = sorted(claim.devices)
         node = _node_of(dra, devices)

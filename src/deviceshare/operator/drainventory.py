@@ -19,7 +19,8 @@ counts, as kube-scheduler's allocator does).
 **One GPU is never offered twice.** With DRA a node may *also* advertise ``nvidia.com/gpu`` (the device plugin, or
 the class's ``extendedResourceName``) for the same GPUs. The rule: on a node with DRA devices of a class, the
 extended resource that class names (``spec.extendedResourceName``) is not offered to device-plugin groups; those
-GPUs are DRA devices there. A node without slices keeps its extended resources as before.
+GPUs are DRA devices there. A node without slices keeps its extended resources as before, except one whose slices
+went away (its driver unregistered) while a claim still allocates its DRA devices: those GPUs stay withheld.
 
 Selectors are evaluated here (cel-python through ``core.deviceselectors``), once per (class, slice version): the
 core stays pure and fast and sees only device IDs.
@@ -74,6 +75,9 @@ class DraInventory:
         self._claims: dict[ClaimKey, ClaimAllocation] = {}
         self._allocated: dict[str, set[ClaimKey]] = {}  # device id -> the claims allocating it
         self._bases: dict[str, inventory.NodeInfo] = {}  # what the Node object says, before DRA
+        # node -> (the extended resources its DRA devices stood for, those devices) as last seen with slices: while
+        # a claim still allocates one of them, a node whose slices went away (driver restart) does not offer them.
+        self._dra_gpus: dict[str, tuple[frozenset[str], frozenset[str]]] = {}
         self._matches: dict[tuple[str, str, str], frozenset[str]] = {}  # (class, slice, version) -> device ids
         # A claim's selectors -> the devices of its class they match; cleared when a slice or class changes.
         self._excluded: dict[tuple[str, tuple[str, ...]], dict[str, frozenset[str]]] = {}
@@ -89,6 +93,7 @@ class DraInventory:
 
     def node_gone(self, name: str) -> None:
         self._bases.pop(name, None)
+        self._dra_gpus.pop(name, None)
 
     def on_slice(self, event_type: str, body: Mapping[str, Any]) -> set[str]:
         """A ResourceSlice event; returns the nodes whose view changed."""
@@ -174,16 +179,20 @@ class DraInventory:
             return None
         slices = self._current_slices(node)
         if not slices:
-            return base
+            return self._without_slices(base)
         devices = dict(base.devices)
         memory = dict(base.device_memory)
         withheld: dict[str, frozenset[str]] = {}
+        extended: set[str] = set()
+        dra_ids: set[str] = set()
         for cls in sorted(self._classes.values(), key=lambda c: c.name):
             ids = [d for s in slices for d in self._class_devices(cls, s)]
             if not ids:
                 continue
             if cls.extended_resource:
                 devices.pop(cls.extended_resource, None)  # those GPUs are DRA devices here: never offered twice
+                extended.add(cls.extended_resource)
+                dra_ids.update(ids)
             by_id = {d.id: d for s in slices for d in s.devices}
             devices[cls.name] = tuple(ids)
             blocked = frozenset(d for d in ids if by_id[d].tainted or self._taken_by_others(d))
@@ -197,7 +206,23 @@ class DraInventory:
                 memory[cls.name] = size
             else:
                 memory.pop(cls.name, None)
+        if extended:
+            self._dra_gpus[node] = (frozenset(extended), frozenset(dra_ids))
         return dataclasses.replace(base, devices=devices, withheld=withheld, device_memory=memory)
+
+    def _without_slices(self, base: inventory.NodeInfo) -> inventory.NodeInfo:
+        """A node with no slice (now): its extended resources, but not those its DRA devices stood for while a
+        claim still allocates one of those devices (the kubelet deletes a node's slices when its driver
+        unregisters; the GPUs a group holds there stay that group's)."""
+        memo = self._dra_gpus.get(base.name)
+        if memo is None:
+            return base
+        extended, ids = memo
+        if not any(d in self._allocated for d in ids):
+            del self._dra_gpus[base.name]
+            return base
+        devices = {r: ids_ for r, ids_ in base.devices.items() if r not in extended}
+        return dataclasses.replace(base, devices=devices)
 
     def device(self, device: str) -> SliceDevice | None:
         """A device by ID among the nodeName slices."""
@@ -313,4 +338,6 @@ class DraInventory:
         return any(not self.ours(self._claims[k]) for k in self._allocated.get(device, ()))
 
     def _nodes_of(self, devices: Iterable[str]) -> set[str]:
-        return {self._device_nodes[d] for d in devices if d in self._device_nodes}
+        wanted = set(devices)
+        return ({self._device_nodes[d] for d in wanted if d in self._device_nodes}
+                | {n for n, (_, ids) in self._dra_gpus.items() if ids & wanted})

@@ -78,6 +78,7 @@ class ClaimAllocation:
     key: ClaimKey
     uid: str
     owner: GroupKey | None  # the SharedDeviceGroup controlling it, if any (only its name: see ``ours``)
+    owner_uid: str  # that group's uid in the controller reference ("" if none): a rebuild trusts only a match
     devices: frozenset[str]  # <pool>/<device> of every result
     shared: frozenset[str]  # the results with a shareID (a share of a device that allows several allocations)
 
@@ -136,13 +137,15 @@ def read_claim(body: Mapping[str, Any]) -> ClaimAllocation | None:
     if not isinstance(allocation, Mapping):
         return None
     results = [_mapping(r) for r in _list(_mapping(allocation.get("devices")).get("results"))]
-    owner = next((str(ref.get("name")) for ref in _list(meta.get("ownerReferences"))
-                  if _mapping(ref).get("controller") and _mapping(ref).get("kind") == GROUP_KIND
-                  and str(_mapping(ref).get("apiVersion", "")).startswith(names.GROUP + "/")), None)
+    controller = next((_mapping(ref) for ref in _list(meta.get("ownerReferences"))
+                       if _mapping(ref).get("controller") and _mapping(ref).get("kind") == GROUP_KIND
+                       and str(_mapping(ref).get("apiVersion", "")).startswith(names.GROUP + "/")), None)
+    owner = str(controller.get("name")) if controller is not None else None
     key = (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
     return ClaimAllocation(
         key=key, uid=str(meta.get("uid") or ""),
         owner=(key[0], owner) if owner else None,
+        owner_uid=str(controller.get("uid") or "") if controller is not None else "",
         devices=frozenset(device_id(str(r.get("pool")), str(r.get("device"))) for r in results),
         shared=frozenset(device_id(str(r.get("pool")), str(r.get("device"))) for r in results if r.get("shareID")),
     )

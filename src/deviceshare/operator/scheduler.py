@@ -291,7 +291,8 @@ class PodScheduler:
             except storage.Uncertain:
                 raise  # the reservation may have landed: the pod stays our member and is bound on a later try
             except (storage.RetryLater, storage.Fenced):
-                changes.not_bound(pod)  # certainly not reserved: bound on a later try
+                if pod.member_of is None:  # certainly not reserved; an earlier cycle's lost Binding may have landed
+                    changes.not_bound(pod)
                 raise
         try:
             # One write: the API server copies the Binding's annotations onto the pod with spec.nodeName.
@@ -310,8 +311,10 @@ class PodScheduler:
             logger.warning("binding pod %s/%s refused: %s", *pod.key, e)
             return Outcome(Result.REFUSED, f"the API server refused the binding to {allocation.node}: {e}")
         except (storage.RetryLater, storage.Fenced):
-            # Not applied (throttled, or not sent): the group stays placed and the pod is bound on a later try.
-            changes.not_bound(pod)
+            # Not applied (throttled, or not sent): the group stays placed and the pod is bound on a later try; it
+            # stays our member if an earlier cycle counted it (that Binding's answer was lost: it may have landed).
+            if pod.member_of is None:
+                changes.not_bound(pod)
             raise
         # Seen as bound right away (the next member counts it before the watch event arrives); the pod gets
         # kube-scheduler's Scheduled event. The group's placement is in its status (``Scheduled`` condition).

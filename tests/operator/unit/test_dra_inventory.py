@@ -111,3 +111,55 @@ async def test_a_decision_never_evaluates_selectors_on_the_event_loop_after_a_sl
     dra.excluded_work = lambda *a: evaluations.append(a) or (lambda: {})  # type: ignore[method-assign]
     assert draplacing.narrowed(ctx, spec, snapshot) is None
     assert evaluations == []  # nothing evaluated here: the next cycle's pre-filter does it off the loop
+
+
+def test_a_dra_node_whose_slice_goes_away_does_not_offer_its_held_gpus_as_the_extended_resource() -> None:
+    """The kubelet deletes a node's ResourceSlices when its DRA driver unregisters (a restart, an upgrade) while a
+    group still holds devices there: those GPUs must not come back as ``nvidia.com/gpu`` for a device-plugin
+    group meanwhile (handed twice); once no claim allocates them, the node is a device-plugin node again."""
+    held = {("ml", "g"): {CLASS: ("n1/gpu-0",)}}
+    dra = inventory_with(held)
+    dra.on_slice("ADDED", slice_of("n1", gpus=2))
+    assert builders.GPU not in dra.node(builders.node("n1", gpus=2)).devices
+    dra.on_claim("ADDED", claim_of("g-devices", ["n1/gpu-0"], owner="g"))
+    dra.on_slice("DELETED", {"metadata": {"name": "n1-slice"}})
+    assert builders.GPU not in dra.node(builders.node("n1", gpus=2)).devices
+    assert dra.on_claim("DELETED", {"metadata": {"namespace": "ml", "name": "g-devices"}}) == {"n1"}  # looked at again
+    assert dra.node(builders.node("n1", gpus=2)).devices == {builders.GPU: ("0", "1")}
+
+
+def test_a_rebuild_trusts_only_a_claim_its_group_owns_by_uid() -> None:
+    """After a restart the claims of our groups are records of what deviceshare gave: a claim named
+    ``<group>-devices`` whose controller reference names the group but not its uid (a tenant's, or one an earlier
+    group of that name left) is somebody else's allocation, never the group's holding."""
+    from deviceshare.operator import draintake, records
+
+    group = records.group_record({"metadata": {"namespace": "ml", "name": "g", "uid": "uid-g", "generation": 1},
+                                  "spec": {"claim": {"deviceClassName": CLASS, "count": 1}}})
+    dra = inventory_with({})
+    dra.on_slice("ADDED", slice_of("n1", gpus=2))
+    dra.node(builders.node("n1", gpus=2))
+    tenants = claim_of("g-devices", ["n1/gpu-0"], owner="g")  # controller reference with uid "u"
+    dra.on_claim("ADDED", tenants)
+    assert draintake.our_claims(dra, {("ml", "g"): group}) == []
+    tenants["metadata"]["ownerReferences"][0]["uid"] = "uid-g"  # the group's own claim
+    dra.on_claim("ADDED", tenants)
+    assert [c.devices for c in draintake.our_claims(dra, {("ml", "g"): group})] == [{CLASS: ("n1/gpu-0",)}]
+
+
+def test_a_gone_groups_claim_we_just_allocated_is_released_before_its_devices_even_if_the_watch_lags() -> None:
+    """A roll-back or a release of a group that is gone asks whether its claim holds an allocation first: the
+    claim we wrote a moment ago (remembered from the write's answer) counts even before its watch event arrives,
+    or the ledger would give the devices back while the API shows the claim allocated."""
+    from deviceshare.operator import draallocation
+
+    class Ctx:
+        pass
+
+    ctx: Any = Ctx()
+    ctx.dra = inventory_with({})
+    written = claim_of("g-devices", ["n1/gpu-0"], owner="g")
+    ctx.dra.bodies.keep(("ml", "g"), written)  # reserve_for's answer; the claims watch has not shown it yet
+    assert draallocation.holds_claim(ctx, None, ("ml", "g"))
+    ctx.dra.bodies.keep(("ml", "g"), {**written, "status": {}})  # cleared
+    assert not draallocation.holds_claim(ctx, None, ("ml", "g"))

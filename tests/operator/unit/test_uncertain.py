@@ -181,3 +181,19 @@ async def test_an_unforeseen_error_from_the_claim_write_keeps_its_devices_as_a_l
     h.api.patch_group_status = landing  # type: ignore[method-assign]
     assert (await h.scheduler.schedule(P)).result is Result.BOUND
     assert [w.verb for w in h.api.writes if w.key in (G, P)] == ["finalizers", "status", "bind"]
+
+
+async def test_a_member_whose_binding_may_have_landed_stays_ours_when_the_next_try_is_throttled() -> None:
+    """A Binding whose answer was lost (it landed) keeps the pod our member; the next cycle's try is throttled
+    (429: certainly not applied, but it says nothing of the earlier one): the pod must stay our member, or once
+    the watch shows it running the group has no member on its devices and may give them away under it."""
+    h = Harness(node("n1", 2))
+    placed(h)
+    h.api.lose_answer["bind"] = True
+    assert (await h.scheduler.schedule(P)).result is Result.RETRY
+
+    h.api.fail_bind = storage.RetryLater("throttled", delay=0.05)
+    assert (await h.scheduler.schedule(P)).result is Result.RETRY
+
+    h.see(h.api.pod_now(P, phase="Running"))
+    assert [p.name for p in h.ctx.state.members_on_devices(G)] == ["p"]
