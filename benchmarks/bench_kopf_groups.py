@@ -50,7 +50,7 @@ LIMIT = 0.10  # the Kopf path may cost at most 10% of throughput or of CPU per b
 
 
 @dataclasses.dataclass
-class Run:
+class Run(placing.PerPod):
     mode: str  # one of MODES
     pods: int
     bound: int
@@ -59,14 +59,6 @@ class Run:
     sandbox_cpu: float
     load: float
     kopf_share: float | None = None  # of the operator's sampled CPU, the part under Kopf's frames (--spy)
-
-    @property
-    def rate(self) -> float:
-        return self.bound / self.bind_wall if self.bind_wall else 0.0
-
-    @property
-    def cpu_per_pod_ms(self) -> float:
-        return 1000 * self.operator_cpu / max(1, self.bound)
 
 
 def _sandbox_main(kubeconfig: str, ready: multiprocessing.synchronize.Event, stop: multiprocessing.synchronize.Event,

@@ -41,8 +41,24 @@ def sizes(quick: bool) -> Sizes:
     return Sizes(50, 8, 100, 2, 2) if quick else Sizes(500, 8, 1000, 2, 2)
 
 
+class PerPod:
+    """Throughput and the operator's CPU per bound pod, of a run that records these fields."""
+
+    bound: int
+    bind_wall: float
+    operator_cpu: float
+
+    @property
+    def rate(self) -> float:
+        return self.bound / self.bind_wall if self.bind_wall else 0.0
+
+    @property
+    def cpu_per_pod_ms(self) -> float:
+        return 1000 * self.operator_cpu / max(1, self.bound)
+
+
 @dataclasses.dataclass
-class PlacementResult:
+class PlacementResult(PerPod):
     mode: str  # "today" (baseline.BASELINE's operator) or "now"
     sizes: Sizes
     pods: int
@@ -60,13 +76,6 @@ class PlacementResult:
     load: tuple[float, float] = (0.0, 0.0)  # 1-minute load average before and after the run
     profile: Path | None = None  # py-spy's folded stacks of the operator, when asked for
 
-    @property
-    def rate(self) -> float:
-        return self.bound / self.bind_wall if self.bind_wall else 0.0
-
-    @property
-    def cpu_per_pod_ms(self) -> float:
-        return 1000 * self.operator_cpu / max(1, self.bound)
 
 
 async def _watch_bound(
