@@ -20,6 +20,11 @@
 5. **bind** (:meth:`~PodScheduler._bind`): every member the permit named (a whole gang in this cycle), each with
    a Binding that carries its device annotations.
 
+A DRA group (``spec.claim``, CONTRACT §13) takes the same phases, with three hooks: its claim's selectors are
+evaluated in a worker thread during the pre-filter and narrow what the permit offers (``draplacing.py``), and
+before each member's Binding its ResourceClaim is allocated as the ledger holds it and reserved for the pod
+(``draallocation.reserve_for``); a roll-back clears the claim's allocation before the ledger's release.
+
 The core decides (a verdict, a placement, a victim set) and hands back values; it never calls the operator. What a
 cycle changes in the operator's own records (``state.py``, the ledger's commit and release, why a group waits,
 events) is noted on a :class:`~.cyclechanges.CycleChanges` and made so in one step: when the bind phase starts (the
