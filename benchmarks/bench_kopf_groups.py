@@ -121,10 +121,7 @@ async def _create_all(session: aiohttp.ClientSession, url: str, bodies: list[tup
     queue = list(reversed(bodies))
 
     async def post(path: str, body: dict[str, Any]) -> None:
-        async with session.post(url + path, json=body) as resp:
-            if resp.status >= 300:
-                raise RuntimeError(f"create {path}: {resp.status} {await resp.text()}")
-            await resp.read()
+        await placing.create(session, url + path, body)
 
     async def creator() -> None:
         while queue:

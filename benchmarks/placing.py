@@ -78,6 +78,14 @@ class PlacementResult(PerPod):
 
 
 
+async def create(session: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> None:
+    """POST ``body`` to the collection at ``url``; any answer but a 2xx fails the run, naming it."""
+    async with session.post(url, json=body) as resp:
+        if resp.status >= 300:
+            raise RuntimeError(f"create {url}: {resp.status} {await resp.text()}")
+        await resp.read()
+
+
 async def _watch_bound(
     session: aiohttp.ClientSession, url: str, rv: str, bound_at: dict[str, float], want: int, done: asyncio.Event
 ) -> None:
@@ -108,10 +116,7 @@ async def _create_all(
         queue.put_nowait(g)
 
     async def post(path: str, body: dict[str, Any]) -> None:
-        async with session.post(url + path, json=body) as resp:
-            if resp.status >= 300:
-                raise RuntimeError(f"create {path}: {resp.status} {await resp.text()}")
-            await resp.read()
+        await create(session, url + path, body)
 
     async def creator() -> None:
         while not queue.empty():
