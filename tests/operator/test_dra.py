@@ -286,6 +286,38 @@ async def test_preemption_evicts_exactly_the_group_whose_device_the_claim_select
     assert registry.get_sample_value("deviceshare_preemption_victims_total") == 1
 
 
+async def test_a_dra_group_over_its_namespace_claim_quota_is_not_placed(
+    cluster: Sandbox, kube: Kube, operator: RunningOperator
+) -> None:
+    """kube-apiserver counts a ResourceClaim's devices on ``<class>.deviceclass.resource.k8s.io/devices``: the operator
+    places a DRA group only if its claim fits that quota beside the other groups' claims."""
+    await kube.ensure_namespace(NS)
+    cluster.create({"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "h100s", "namespace": NS},
+                    "spec": {"hard": {f"{CLASS}.deviceclass.resource.k8s.io/devices": "3"}}})
+    scheduler = operator.memo.runtime.scheduler
+    await kube.wait_for(lambda: any(q.hard.get(CLASS) == 3 for q in scheduler.quotas.quotas(NS)),
+                        "the operator to see the quota")
+    await dra.create_dra_group(kube, NS, "a", 2)
+    await dra.create_member(kube, NS, "a-0", "a")
+    await kube.wait_bound(NS, "a-0")
+
+    await dra.create_dra_group(kube, NS, "b", 2)  # 2 + 2 > 3, on a cluster with 6 devices free
+    await dra.create_member(kube, NS, "b-0", "b")
+    waited = await kube.wait_group(NS, "b", lambda g: "device budget" in condition(g).get("message", ""),
+                                   "the group's status names the quota")
+    assert condition(waited)["message"] == (
+        f'SharedDeviceGroup "b" would put namespace {NS} over its device budget: ResourceQuota "h100s" allows '
+        f"{CLASS}.deviceclass.resource.k8s.io/devices 3, ResourceClaims take 2, this group's claim asks for 2")
+    assert not waited["status"].get("allocatedDevices")
+    assert dra.allocated(await dra.claim(kube, NS, "b-devices")) == []
+
+    # Once a is gone its claim no longer counts: b is placed.
+    await kube.delete_pod(NS, "a-0")
+    await kube.delete_group(NS, "a")
+    await kube.wait_bound(NS, "b-0")
+    assert len(dra.allocated(await dra.claim(kube, NS, "b-devices"))) == 2
+
+
 @pytest.mark.parametrize("sandbox_options", [{"nodes": 1, "gpus": 1, "dra": True, "dra_shared": True}],
                          indirect=True)
 async def test_memory_shares_of_a_device_that_allows_multiple_allocations(
