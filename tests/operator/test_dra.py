@@ -309,7 +309,12 @@ async def test_a_dra_group_over_its_namespace_claim_quota_is_not_placed(
         f'SharedDeviceGroup "b" would put namespace {NS} over its device budget: ResourceQuota "h100s" allows '
         f"{CLASS}.deviceclass.resource.k8s.io/devices 3, ResourceClaims take 2, this group's claim asks for 2")
     assert not waited["status"].get("allocatedDevices")
-    assert dra.allocated(await dra.claim(kube, NS, "b-devices")) == []
+    # kube-apiserver's own quota admission refused b's claim (the sandbox's, after resource_claims.go's Usage).
+    refused = await kube.wait_group(NS, "b", lambda g: bool(condition(g, "ClaimProblem")), "the claim's refusal")
+    assert "exceeded quota: h100s, requested: gpu.nvidia.com.deviceclass.resource.k8s.io/devices=2, used: " \
+        "gpu.nvidia.com.deviceclass.resource.k8s.io/devices=2" in condition(refused, "ClaimProblem")["message"]
+    assert condition(refused, "ClaimProblem")["message"].endswith("; made once the quota has room")
+    assert await dra.claim(kube, NS, "b-devices") is None
 
     # Once a is gone its claim no longer counts: b is placed.
     await kube.delete_pod(NS, "a-0")
