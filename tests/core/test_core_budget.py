@@ -78,3 +78,69 @@ def test_refused_exactly_when_the_namespace_would_pass_its_hard_limit(
     if found is not None:
         assert (found.hard, found.used_by_pods, found.held_by_groups, found.requested) == (
             hard, used, sum(others), wanted)
+
+
+# A DRA group (CONTRACT §13) counts as kube-apiserver counts its ResourceClaim (pkg/quota/v1/evaluator/core/
+# resource_claims.go): `count` devices of <class>.deviceclass.resource.k8s.io/devices, whose status.used counts every
+# ResourceClaim of the namespace, the groups' own among them.
+CLASS = "gpu.nvidia.com"
+
+
+def test_a_device_class_quota_becomes_a_limit_keyed_by_the_class() -> None:
+    obj = {
+        "metadata": {"name": "h100s"},
+        "spec": {"hard": {f"{CLASS}.deviceclass.resource.k8s.io/devices": "4",
+                          "count/resourceclaims.resource.k8s.io": "10",  # claims, not devices: not a budget
+                          ".deviceclass.resource.k8s.io/devices": "1", "a/b.deviceclass.resource.k8s.io/devices": 1}},
+        "status": {"used": {f"{CLASS}.deviceclass.resource.k8s.io/devices": "3"}},
+    }
+    assert budget.quota_from_object(obj) == budget.Quota("h100s", {CLASS: 4}, {CLASS: 3})
+    assert budget.quota_name(CLASS) == "gpu.nvidia.com.deviceclass.resource.k8s.io/devices"
+    assert budget.quota_name(GPU) == "requests.nvidia.com/gpu"
+
+
+def test_a_dra_group_is_refused_as_its_claim_would_be_and_the_message_names_the_quota() -> None:
+    quotas = [budget.Quota("h100s", {CLASS: 4}, {CLASS: 3})]  # 3 devices claimed already, by anyone
+    assert budget.over_budget("ml", "c", {CLASS: 1}, [], quotas) is None
+    found = budget.over_budget("ml", "c", {CLASS: 2}, [{CLASS: 2}], quotas)
+    assert found is not None
+    assert found.message == (
+        "SharedDeviceGroup 'c' asks for 2 gpu.nvidia.com, which exceeds ResourceQuota 'h100s' in namespace 'ml': "
+        "gpu.nvidia.com.deviceclass.resource.k8s.io/devices is 4 and ResourceClaims take 3 (other groups' claims "
+        "ask for 2)"
+    )
+
+
+def test_the_groups_claims_status_used_counts_already_are_not_counted_twice() -> None:
+    # Two groups of 2 whose claims exist: status.used says 4, the groups ask 4: the namespace takes 4, not 8.
+    full = [budget.Quota("h100s", {CLASS: 5}, {CLASS: 4})]
+    assert budget.over_budget("ml", "c", {CLASS: 1}, [{CLASS: 2}, {CLASS: 2}], full) is None
+    # Placing a group whose own claim is among what status.used counts: it is not counted twice either.
+    assert budget.over_budget("ml", "b", {CLASS: 2}, [{CLASS: 2}], full, counted={CLASS: 2}) is None
+    # A group whose claim is not made yet still counts (status.used lags the groups).
+    assert budget.over_budget("ml", "c", {CLASS: 2}, [{CLASS: 2}, {CLASS: 2}], [budget.Quota("q", {CLASS: 5})])
+
+
+@given(
+    hard=st.integers(0, 16),
+    foreign=st.integers(0, 8),
+    others=st.lists(st.tuples(st.integers(1, 8), st.booleans()), max_size=6),
+    wanted=st.integers(1, 8),
+    own_made=st.booleans(),
+)
+def test_a_dra_group_is_refused_exactly_when_its_claim_would_pass_the_hard_limit(
+    hard: int, foreign: int, others: list[tuple[int, bool]], wanted: int, own_made: bool
+) -> None:
+    """status.used counts the claims made so far (other groups' or not, and maybe the group's own); once every
+    group's claim is made the namespace takes foreign + others + wanted. The check is exact when no claim
+    of anyone else is about (kube-apiserver's own quota admission of each claim is the last word otherwise),
+    and never refuses a group whose claim kube-apiserver would admit."""
+    used = foreign + sum(n for n, made in others if made) + (wanted if own_made else 0)
+    found = budget.over_budget("ml", "g", {CLASS: wanted}, [{CLASS: n} for n, _ in others],
+                               [budget.Quota("q", {CLASS: hard}, {CLASS: used})],
+                               counted={CLASS: wanted} if own_made else None)
+    truth = foreign + sum(n for n, _ in others) + wanted > hard
+    if found is not None:
+        assert truth
+    if not foreign:
+        assert (found is not None) == truth

@@ -11,7 +11,18 @@ from collections.abc import Sequence
 
 from tests.core import builders
 
-from deviceshare.core import capacity, inventory, ledger, nominations, placement, preemption, victimindex, victims
+from deviceshare.core import (
+    capacity,
+    eligibility,
+    inventory,
+    ledger,
+    nominations,
+    placement,
+    preemption,
+    reasons,
+    victimindex,
+    victims,
+)
 
 GPU = builders.GPU
 GI = 1 << 30
@@ -222,3 +233,39 @@ def test_the_index_follows_a_priority_change_that_moves_no_device() -> None:
 
     assert isinstance(decision, preemption.Preemption)
     assert (decision.node, decision.victim_keys) == ("a", (("batch", "on-a"),))
+
+
+def test_a_group_holding_only_devices_the_claim_selectors_do_not_match_is_never_evicted() -> None:
+    # Node a: A100s 0-1 (held by a low-priority group) and H100s 2-3 (held by a group of the preemptor's priority).
+    c = Cluster(builders.node("a", gpus=4, device_memory={GPU: 80 * GI}))
+    c.bind("a100s", "a", ["0", "1"], 10)
+    c.bind("h100s", "a", ["2", "3"], 100)
+    h100_only = eligibility.Ineligible(GPU, {"a": frozenset({"0", "1"})})
+    for request in (whole(1), shared(0, 40 * GI)):
+        decision = c.decide(request, 100, ineligible=h100_only)
+        assert isinstance(decision, preemption.NoPreemption), request
+        assert decision.reasons == {reasons.no_selected_victim_device(GPU): 1}
+        # Without selectors, the A100s would do: the same low group is the victim.
+        assert isinstance(c.decide(request, 100), preemption.Preemption)
+
+
+def test_the_victim_is_the_group_whose_devices_the_claim_selectors_match() -> None:
+    # Node a: 0 A100 (x), 1 H100 (y); node b: 0 A100 (z, the lowest priority of all). The preemptor asks for one H100.
+    c = Cluster(builders.node("a", gpus=2), builders.node("b", gpus=1))
+    c.bind("x", "a", ["0"], 10)
+    c.bind("y", "a", ["1"], 20)
+    c.bind("z", "b", ["0"], 5)
+    h100_only = eligibility.Ineligible(GPU, {"a": frozenset({"0"}), "b": frozenset({"0"})})
+    decision = c.decide(whole(1), 100, ineligible=h100_only)
+    assert isinstance(decision, preemption.Preemption)
+    assert (decision.node, decision.victim_keys) == ("a", (("batch", "y"),))
+    assert decision.placement.devices == {GPU: ("1",)}
+    # A gang of two pods whose CPU only both of node a's groups free: a victim may free CPU, never devices it
+    # cannot use.
+    cpu = Cluster(builders.node("a", gpus=2, cpu_milli=2000))
+    cpu.bind("x", "a", ["0"], 10, cpu=1000)
+    cpu.bind("y", "a", ["1"], 20, cpu=1000)
+    gang = [inventory.PodDemand(cpu_milli=1000)] * 2
+    both = cpu.decide(whole(1), 100, gang, ineligible=eligibility.Ineligible(GPU, {"a": frozenset({"0"})}))
+    assert isinstance(both, preemption.Preemption) and both.placement.devices == {GPU: ("1",)}
+    assert both.victim_keys == (("batch", "x"), ("batch", "y"))

@@ -1,4 +1,5 @@
-"""Preemption chooses what trying every subset of victims on every node chooses (200 random clusters).
+"""Preemption chooses what trying every subset of victims on every node chooses (200 random clusters, with and
+without claim selectors).
 
 Each seed builds a small cluster through the real ledger: whole-device and sharing groups of random
 priorities with pods of random CPU, pods outside any group, sometimes a protected group (a PDB refused)
@@ -7,6 +8,9 @@ lower-priority, unprotected groups) whose removal lets the preemptor fit — as 
 lowest highest-victim priority, fewest groups, fewest pods, then the node's name and the groups' — and
 :func:`preemption.decide` must name the same node and the same victims. Then the decision is carried
 out on the ledger itself: the victims released, the preemptor's devices reserved without a conflict.
+With claim selectors (a DRA group's, CONTRACT §13), some devices of each node are ones the preemptor may not
+take, held or free: the brute force offers it only the others, so evicting a group for devices it cannot use
+never wins, and the decision must agree.
 """
 
 from __future__ import annotations
@@ -19,7 +23,17 @@ from collections.abc import Sequence
 import pytest
 from tests.core import builders
 
-from deviceshare.core import capacity, inventory, ledger, nominations, placement, preemption, victimindex, victims
+from deviceshare.core import (
+    capacity,
+    eligibility,
+    inventory,
+    ledger,
+    nominations,
+    placement,
+    preemption,
+    victimindex,
+    victims,
+)
 
 GPU = builders.GPU
 GI = 1 << 30
@@ -74,6 +88,7 @@ def brute_force(
     bound: dict[str, list[victims.BoundGroup]],
     protected: set[inventory.GroupKey],
     nominated: nominations.Nominations,
+    ineligible: eligibility.Ineligible = eligibility.NONE,
 ) -> tuple[str, tuple[inventory.GroupKey, ...]] | None:
     best: tuple[object, ...] | None = None
     for name in sorted(snapshot.nodes):
@@ -85,6 +100,7 @@ def brute_force(
             for subset in itertools.combinations(candidates, size):
                 removed = {g.key for g in subset}
                 after = nominations.withhold(victims.without(state, groups, removed), kept)
+                after = eligibility.narrow(after, GPU, ineligible.by_node.get(name, frozenset()))
                 if not placement.fits(after, request, demand):
                     continue
                 highest = max((g.priority for g in subset), default=None)
@@ -97,12 +113,25 @@ def brute_force(
     return str(best[-2]), tuple(best[-1])  # type: ignore[arg-type]
 
 
+def _selectors(rng: random.Random, book: ledger.DeviceLedger) -> eligibility.Ineligible:
+    """What a claim's selectors leave out: on each node none, all, or a random part of its devices."""
+    by_node: dict[str, frozenset[str]] = {}
+    for node in book.nodes():
+        ids, pick = node.devices.get(GPU, ()), rng.random()
+        if pick < 0.3:
+            by_node[node.name] = frozenset(d for d in ids if rng.random() < 0.5)
+        elif pick < 0.8:  # the commonest case: the node's devices of another model, or of the one asked for
+            by_node[node.name] = frozenset(ids) if rng.random() < 0.5 else frozenset()
+    return eligibility.Ineligible(GPU, by_node)
+
+
 def _pending(rng: random.Random) -> Sequence[inventory.PodDemand]:
     return [inventory.PodDemand(cpu_milli=rng.choice((0, 500, 1500, 3000))) for _ in range(rng.choice((1, 1, 2, 3)))]
 
 
+@pytest.mark.parametrize("selectors", [False, True], ids=["any-device", "claim-selectors"])
 @pytest.mark.parametrize("seed", range(200))
-def test_the_choice_is_the_brute_force_optimum(seed: int) -> None:
+def test_the_choice_is_the_brute_force_optimum(seed: int, selectors: bool) -> None:
     book, bound, rng = cluster(seed)
     preemptor = ("ml", "preemptor")
     request = _request(rng, preemptor)
@@ -118,21 +147,22 @@ def test_the_choice_is_the_brute_force_optimum(seed: int) -> None:
             ("ml", "other"), node.name, rng.choice((5, 50, 200)), {GPU: book.free_devices(node.name, GPU)[:1]},
             expires=60.0, cpu_milli=rng.choice((0, 1000)),
         ))
+    ineligible = _selectors(rng, book) if selectors else eligibility.NONE
     snapshot = book.snapshot()
     demand = preemption.gang.demand(pending)
-    expected = brute_force(snapshot, request, demand, priority, bound, protected, nominated)
+    expected = brute_force(snapshot, request, demand, priority, bound, protected, nominated, ineligible)
 
-    decision = preemption.decide(
-        snapshot, request, pending, priority, victims.by_node(groups), protected=protected, nominated=nominated
-    )
+    decision = preemption.decide(snapshot, request, pending, priority, victims.by_node(groups), protected=protected,
+                                 nominated=nominated, ineligible=ineligible)
 
     # The scan answers the commonest request inline and any other through the general bound: both agree.
     general = preemption.decide(snapshot, request, pending, priority, victims.by_node(groups),
-                                protected={*protected, ("no", "such-group")}, nominated=nominated)
+                                protected={*protected, ("no", "such-group")}, nominated=nominated,
+                                ineligible=ineligible)
     assert general == decision, seed
     # Walking the index of nodes by their cheapest victims decides the same as scanning every node.
     indexed = preemption.decide(snapshot, request, pending, priority, victimindex.VictimIndex(victims.by_node(groups)),
-                                protected=protected, nominated=nominated)
+                                protected=protected, nominated=nominated, ineligible=ineligible)
     assert indexed == decision, seed
     if expected is None:
         assert isinstance(decision, preemption.NoPreemption), (seed, decision)
@@ -141,6 +171,7 @@ def test_the_choice_is_the_brute_force_optimum(seed: int) -> None:
     assert isinstance(decision, preemption.Preemption), (seed, expected, decision)
     assert (decision.node, decision.victim_keys) == expected, seed
     assert all(v.priority < priority and v.key not in protected for v in decision.victims)
+    assert not set(decision.placement.devices[GPU]) & ineligible.on(decision.node)
     # Carried out on the ledger: once the victims are gone the preemptor's devices are its to take.
     for victim in decision.victims:
         book.release(victim.key)
@@ -157,8 +188,9 @@ def test_the_choice_is_the_brute_force_optimum(seed: int) -> None:
             assert not set(ids) & set(decision.placement.devices.get(resource, ()))
 
 
+@pytest.mark.parametrize("selectors", [False, True], ids=["any-device", "claim-selectors"])
 @pytest.mark.parametrize("seed", range(60))
-def test_the_index_kept_as_the_cluster_changes_chooses_the_brute_force_optimum(seed: int) -> None:
+def test_the_index_kept_as_the_cluster_changes_chooses_the_brute_force_optimum(seed: int, selectors: bool) -> None:
     """Larger clusters, where the index's order lets a decision skip most nodes; after each preemption is
     carried out (and a random group leaves, another's priority changes), the index is told only the nodes
     whose groups changed (it follows their devices through the snapshots itself)."""
@@ -167,15 +199,16 @@ def test_the_index_kept_as_the_cluster_changes_chooses_the_brute_force_optimum(s
     for turn in range(4):
         preemptor = ("ml", f"preemptor-{turn}")
         request, pending, priority = _request(rng, preemptor), _pending(rng), rng.choice((10, 20, 50, 100))
+        ineligible = _selectors(rng, book) if selectors else eligibility.NONE
         snapshot, demand = book.snapshot(), preemption.gang.demand(pending)
-        expected = brute_force(snapshot, request, demand, priority, bound, set(), nominations.NONE)
+        expected = brute_force(snapshot, request, demand, priority, bound, set(), nominations.NONE, ineligible)
 
-        decision = preemption.decide(snapshot, request, pending, priority, index)
+        decision = preemption.decide(snapshot, request, pending, priority, index, ineligible=ineligible)
 
         if expected is None:
             assert isinstance(decision, preemption.NoPreemption), (seed, turn, decision)
             assert decision == preemption.decide(snapshot, request, pending, priority, victims.by_node(
-                g for gs in bound.values() for g in gs)), (seed, turn)
+                g for gs in bound.values() for g in gs), ineligible=ineligible), (seed, turn)
             continue
         assert isinstance(decision, preemption.Preemption), (seed, turn, expected, decision)
         assert (decision.node, decision.victim_keys) == expected, (seed, turn)

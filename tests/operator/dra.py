@@ -88,6 +88,15 @@ def reserved(claim_body: Mapping[str, Any] | None) -> list[str]:
     return sorted(r["name"] for r in ((claim_body or {}).get("status") or {}).get("reservedFor") or [])
 
 
+async def uuid_selector(kube: Kube, device: str) -> str:
+    """A claim selector that matches the one device ``<pool>/<device>`` (the sandbox driver's pool is its node), by
+    the ``uuid`` attribute its slice publishes."""
+    node, _, name = device.partition("/")
+    uuid = next(d["attributes"]["uuid"]["string"] for s in await slices(kube)
+                if s["spec"]["nodeName"] == node for d in s["spec"]["devices"] if d["name"] == name)
+    return f"device.attributes['{DRIVER}'].uuid == '{uuid}'"
+
+
 async def allocate_foreign(kube: Kube, ns: str, name: str, pool: str, devices: Sequence[str]) -> None:
     """A claim allocated by someone else (kube-scheduler), as its DRA plugin writes it."""
     await kube.ensure_namespace(ns)

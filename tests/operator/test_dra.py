@@ -133,9 +133,7 @@ async def test_tainted_devices_get_nothing_new(cluster: Sandbox, kube: Kube, ope
 
 
 async def test_claim_selectors_narrow_the_devices(cluster: Sandbox, kube: Kube, operator: RunningOperator) -> None:
-    uuid = next(d["attributes"]["uuid"]["string"] for s in await dra.slices(kube)
-                if s["spec"]["nodeName"] == "gpu-node-1" for d in s["spec"]["devices"] if d["name"] == "gpu-2")
-    selector = f"device.attributes['{dra.DRIVER}'].uuid == '{uuid}'"
+    selector = await dra.uuid_selector(kube, "gpu-node-1/gpu-2")
     await dra.create_dra_group(kube, NS, "picky", 1, selectors=[selector])
     await dra.create_member(kube, NS, "picky-0", "picky")
     await kube.wait_bound(NS, "picky-0")
@@ -232,6 +230,97 @@ async def test_a_higher_priority_dra_group_preempts_a_lower_one_by_eviction(
     assert dra.allocated(await dra.claim(kube, NS, "urgent-devices")) == [f"{node}/gpu-{i}" for i in range(4)]
     every = [d for c in await dra.claims(kube) for d in dra.allocated(c)]
     assert len(every) == len(set(every)) == 7
+
+
+@pytest.mark.parametrize("sandbox_options", [{"nodes": 1, "gpus": 2, "dra": True}], indirect=True)
+async def test_preemption_evicts_no_group_whose_devices_the_claim_selectors_do_not_match(
+    cluster: Sandbox, kube: Kube, operator: RunningOperator
+) -> None:
+    for name, value in (("low", 10), ("high", 1000)):
+        await kube.create_priority_class(name, value)
+    for group, priority in (("low", "low"), ("peer", "high")):  # one GPU each: the node is full
+        await dra.create_dra_group(kube, NS, group, 1)
+        await dra.create_member(kube, NS, f"{group}-0", group, priority_class=priority)
+        await kube.wait_bound(NS, f"{group}-0")
+    (wanted,) = dra.allocated(await dra.claim(kube, NS, "peer-devices"))  # held at the preemptor's own priority
+
+    await dra.create_dra_group(kube, NS, "picky", 1, selectors=[await dra.uuid_selector(kube, wanted)])
+    await dra.create_member(kube, NS, "picky-0", "picky", priority_class="high")
+    waited = await kube.wait_group(NS, "picky", lambda g: "preempt" in condition(g).get("message", ""),
+                                   "what preemption did")
+    # The low group's GPU is free for nothing: it stays, and the group says why nobody was evicted.
+    assert condition(waited)["reason"] == "Unschedulable"
+    assert condition(waited)["message"].endswith(
+        "preemption: 0/1 nodes are available: 1 node(s) where evicting lower-priority groups frees too few "
+        f"{CLASS} devices the claim's selectors match.")
+    low = await kube.pod(NS, "low-0")
+    assert low is not None and not low["metadata"].get("deletionTimestamp")
+    registry = operator.memo.runtime.ctx.metrics.registry
+    assert not registry.get_sample_value("deviceshare_preemption_victims_total")
+    assert len(dra.allocated(await dra.claim(kube, NS, "low-devices"))) == 1
+
+
+@pytest.mark.parametrize("sandbox_options", [{"nodes": 1, "gpus": 2, "dra": True}], indirect=True)
+async def test_preemption_evicts_exactly_the_group_whose_device_the_claim_selectors_match(
+    cluster: Sandbox, kube: Kube, operator: RunningOperator
+) -> None:
+    for name, value in (("lowest", 10), ("low", 20), ("high", 1000)):
+        await kube.create_priority_class(name, value)
+    for group in ("lowest", "low"):  # one GPU each: the node is full
+        await dra.create_dra_group(kube, NS, group, 1)
+        await dra.create_member(kube, NS, f"{group}-0", group, priority_class=group)
+        await kube.wait_bound(NS, f"{group}-0")
+    (wanted,) = dra.allocated(await dra.claim(kube, NS, "low-devices"))
+
+    # Without selectors the cheapest victim would be "lowest"; the preemptor can use only "low"'s GPU.
+    await dra.create_dra_group(kube, NS, "picky", 1, selectors=[await dra.uuid_selector(kube, wanted)])
+    await dra.create_member(kube, NS, "picky-0", "picky", priority_class="high")
+    await kube.wait_bound(NS, "picky-0")
+    assert await kube.pod(NS, "low-0") is None  # evicted through the Eviction API
+    lowest = await kube.pod(NS, "lowest-0")
+    assert lowest is not None and not lowest["metadata"].get("deletionTimestamp")
+    assert dra.allocated(await dra.claim(kube, NS, "picky-devices")) == [wanted]
+    preempted = await kube.group(NS, "low")
+    assert preempted is not None and condition(preempted)["reason"] == "Preempted"
+    registry = operator.memo.runtime.ctx.metrics.registry
+    assert registry.get_sample_value("deviceshare_preemption_victims_total") == 1
+
+
+async def test_a_dra_group_over_its_namespace_claim_quota_is_not_placed(
+    cluster: Sandbox, kube: Kube, operator: RunningOperator
+) -> None:
+    """kube-apiserver counts a ResourceClaim's devices on ``<class>.deviceclass.resource.k8s.io/devices``: the operator
+    places a DRA group only if its claim fits that quota beside the other groups' claims."""
+    await kube.ensure_namespace(NS)
+    cluster.create({"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "h100s", "namespace": NS},
+                    "spec": {"hard": {f"{CLASS}.deviceclass.resource.k8s.io/devices": "3"}}})
+    scheduler = operator.memo.runtime.scheduler
+    await kube.wait_for(lambda: any(q.hard.get(CLASS) == 3 for q in scheduler.quotas.quotas(NS)),
+                        "the operator to see the quota")
+    await dra.create_dra_group(kube, NS, "a", 2)
+    await dra.create_member(kube, NS, "a-0", "a")
+    await kube.wait_bound(NS, "a-0")
+
+    await dra.create_dra_group(kube, NS, "b", 2)  # 2 + 2 > 3, on a cluster with 6 devices free
+    await dra.create_member(kube, NS, "b-0", "b")
+    waited = await kube.wait_group(NS, "b", lambda g: "device budget" in condition(g).get("message", ""),
+                                   "the group's status names the quota")
+    assert condition(waited)["message"] == (
+        f'SharedDeviceGroup "b" would put namespace {NS} over its device budget: ResourceQuota "h100s" allows '
+        f"{CLASS}.deviceclass.resource.k8s.io/devices 3, ResourceClaims take 2, this group's claim asks for 2")
+    assert not waited["status"].get("allocatedDevices")
+    # kube-apiserver's own quota admission refused b's claim (the sandbox's, after resource_claims.go's Usage).
+    refused = await kube.wait_group(NS, "b", lambda g: bool(condition(g, "ClaimProblem")), "the claim's refusal")
+    assert "exceeded quota: h100s, requested: gpu.nvidia.com.deviceclass.resource.k8s.io/devices=2, used: " \
+        "gpu.nvidia.com.deviceclass.resource.k8s.io/devices=2" in condition(refused, "ClaimProblem")["message"]
+    assert condition(refused, "ClaimProblem")["message"].endswith("; made once the quota has room")
+    assert await dra.claim(kube, NS, "b-devices") is None
+
+    # Once a is gone its claim no longer counts: b is placed.
+    await kube.delete_pod(NS, "a-0")
+    await kube.delete_group(NS, "a")
+    await kube.wait_bound(NS, "b-0")
+    assert len(dra.allocated(await dra.claim(kube, NS, "b-devices"))) == 2
 
 
 @pytest.mark.parametrize("sandbox_options", [{"nodes": 1, "gpus": 1, "dra": True, "dra_shared": True}],

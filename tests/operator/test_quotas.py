@@ -62,6 +62,25 @@ def test_the_refusal_names_the_quota_and_what_the_groups_hold() -> None:
     assert quotas.refusal(ledger, ("ml", "b"), {GPU: 9}, []) is None  # no quota, no limit
 
 
+def test_a_dra_group_is_refused_as_kube_apiserver_would_refuse_its_claim() -> None:
+    """A DRA group's resource is its DeviceClass; the quota's status.used counts ResourceClaims, the placed groups'
+    own claims among them (the operator made them when it saw the groups), which are not counted twice."""
+    cls = "gpu.nvidia.com"
+    ledger = ledgers.DeviceLedger()
+    ledger.upsert_node(node("n1", gpus=0, extra={cls: ("p/gpu-0", "p/gpu-1", "p/gpu-2", "p/gpu-3")}))
+    ledger.reserve(("ml", "a"), "n1", {cls: ["p/gpu-0", "p/gpu-1"]})
+    claims_quota = {"metadata": {"namespace": "ml", "name": "h100s"},
+                    "spec": {"hard": {f"{cls}.deviceclass.resource.k8s.io/devices": "3"}},
+                    "status": {"used": {f"{cls}.deviceclass.resource.k8s.io/devices": "3"}}}  # a's 2, b's own 1
+    budget = [q for q in [budget_.quota_from_object(claims_quota)] if q]
+    assert quotas.refusal(ledger, ("ml", "b"), {cls: 1}, budget) is None
+    assert quotas.refusal(ledger, ("ml", "b"), {cls: 2}, budget) == (
+        'SharedDeviceGroup "b" would put namespace ml over its device budget: ResourceQuota "h100s" allows '
+        f"{cls}.deviceclass.resource.k8s.io/devices 3, ResourceClaims take 2, this group's claim asks for 2"
+    )
+    assert quotas.refusal(ledger, ("ml", "b"), {GPU: 2}, budget) is None  # the class's quota, not the plugin's
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     hard=st.dictionaries(st.sampled_from(["a", "b"]), st.integers(0, 8), max_size=2),

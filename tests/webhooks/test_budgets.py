@@ -77,3 +77,42 @@ def test_other_writes_are_not_checked(request_fields: dict[str, Any]) -> None:
 def test_not_a_review_is_malformed() -> None:
     with pytest.raises(admission.MalformedReview):
         budgets.decide({"kind": "Pod"}, View())
+
+
+CLASS = "gpu.nvidia.com"
+CLAIMS_QUOTA = [budget.Quota("h100s", {CLASS: 4}, {CLASS: 2})]  # status.used: claims of 2 devices exist already
+
+
+def dra_review(count: int, *, operation: str = "CREATE", old_count: int | None = None) -> dict[str, Any]:
+    body = review(0, operation=operation, old_gpus=None if old_count is None else 0)
+    for key, n in (("object", count), ("oldObject", old_count)):
+        if n is not None:
+            body["request"][key]["spec"] = {"claim": {"deviceClassName": CLASS, "count": n}}
+    return body
+
+
+def test_a_dra_group_counts_as_kube_apiserver_counts_its_resource_claim() -> None:
+    view = View({"h": {CLASS: 2}}, CLAIMS_QUOTA)  # h's claim is the one status.used counts
+    assert budgets.decide(dra_review(2), view).allowed
+    decision = budgets.decide(dra_review(3), view)
+    assert (decision.allowed, decision.code) == (False, 403)
+    assert decision.message == (
+        "SharedDeviceGroup 'g' asks for 3 gpu.nvidia.com, which exceeds ResourceQuota 'h100s' in namespace 'ml': "
+        "gpu.nvidia.com.deviceclass.resource.k8s.io/devices is 4 and ResourceClaims take 2 (other groups' claims "
+        "ask for 2)"
+    )
+    # Raising a Pending group's count: its old claim (among what status.used counts) is replaced, not added to.
+    own = View({"g": {CLASS: 2}}, CLAIMS_QUOTA)
+    assert budgets.decide(dra_review(4, operation="UPDATE", old_count=2), own).allowed
+    assert not budgets.decide(dra_review(4, operation="UPDATE", old_count=2), View({"h": {CLASS: 1}}, [
+        budget.Quota("h100s", {CLASS: 4}, {CLASS: 3})])).allowed
+    # A device-plugin quota never limits a DRA group, nor the other way round.
+    assert budgets.decide(dra_review(8), View({}, QUOTA)).allowed
+    assert budgets.decide(review(4), View({}, CLAIMS_QUOTA)).allowed
+
+
+def test_a_dra_group_with_a_count_of_the_wrong_type_is_malformed() -> None:
+    body = dra_review(1)
+    body["request"]["object"]["spec"]["claim"]["count"] = "2"
+    with pytest.raises(admission.MalformedReview, match=r"spec\.claim\.count"):
+        budgets.decide(body, View(limits=CLAIMS_QUOTA))

@@ -34,6 +34,26 @@ def narrow(state: snapshots.NodeState, resource: str, excluded: Set[str]) -> sna
     return dataclasses.replace(state, free=new_free, partial=new_partial)
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Ineligible:
+    """The devices of ``resource`` a group may not take, per node (node -> device IDs; nodes where it may take them
+    all are absent): those its DRA claim's selectors do not match, free or held. Preemption reads it to count only
+    the devices a victim's eviction frees *for this preemptor* (:func:`deviceshare.core.preemption.decide`)."""
+
+    resource: str
+    by_node: Mapping[str, Set[str]]
+
+    def on(self, node: str) -> Set[str]:
+        return self.by_node.get(node, frozenset())
+
+    def narrow(self, state: snapshots.NodeState) -> snapshots.NodeState:
+        """``state`` without the ineligible devices on offer (:func:`narrow`)."""
+        return narrow(state, self.resource, self.on(state.info.name))
+
+
+NONE = Ineligible("", {})  # a group that may take any device of its resources
+
+
 Narrowed = dict[str, tuple[snapshots.NodeState, snapshots.NodeState]]  # node -> (ledger's state, narrowed)
 
 

@@ -49,5 +49,11 @@ def no_selected_device(device_class: str) -> str:
     return f"node(s) had no {device_class} device the claim's selectors match"
 
 
+def no_selected_victim_device(device_class: str) -> str:
+    """Preemption: evicting lower-priority groups would free enough devices, but too few the selectors match."""
+    return (f"node(s) where evicting lower-priority groups frees too few {device_class} devices the claim's "
+            "selectors match")
+
+
 def withheld_devices(device_class: str) -> str:
     return f"node(s) had {device_class} devices tainted or allocated by another ResourceClaim"

@@ -1,6 +1,6 @@
 """Nodes in the order of the cheapest victim set they could offer a preemptor: preemption without a scan.
 
-:func:`preemption.decide` bounds each node's rank from below (:func:`preemption._bound`: what the node
+:func:`preemption.decide` bounds each node's rank from below (:func:`preemptionbounds.bound`: what the node
 could free at best, read from :class:`victims.NodeGroups`' running totals) and searches nodes exactly
 in the order of that bound. Scanning 5,000 nodes for the bounds was nearly all of a decision. The bound
 for a request of ``count`` devices of one resource, taken over *every* group on the node (not only

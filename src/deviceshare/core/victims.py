@@ -26,7 +26,7 @@ import itertools
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from deviceshare.core import capacity, claims, holdings, inventory, nominations, placement, snapshots
+from deviceshare.core import capacity, claims, eligibility, holdings, inventory, nominations, placement, snapshots
 
 GroupKey = inventory.GroupKey
 SEARCH_BUDGET = 20_000  # combinations tried on one node before falling back to the reprieve pass
@@ -163,7 +163,8 @@ def consistent(state: snapshots.NodeState, groups: Iterable[BoundGroup]) -> bool
 
 
 class NodeSearch:
-    """The best victim set on one node for a preemptor (``request`` with its pending pods' ``demand``)."""
+    """The best victim set on one node for a preemptor (``request`` with its pending pods' ``demand``); a device it
+    may not take (``ineligible``: its claim's selectors do not match) never counts, free or freed."""
 
     def __init__(
         self,
@@ -173,8 +174,10 @@ class NodeSearch:
         request: placement.GroupRequest,
         demand: inventory.PodDemand,
         kept: Sequence[nominations.Nomination] = (),
+        ineligible: eligibility.Ineligible = eligibility.NONE,
     ) -> None:
         self.raw, self.groups, self.request, self.demand, self.kept = state, groups, request, demand, kept
+        self.ineligible = ineligible
         self.candidates = sorted(candidates, key=lambda g: (g.priority, g.key))
         self._states: dict[frozenset[GroupKey], snapshots.NodeState] = {}
         self._tried = 0
@@ -188,7 +191,8 @@ class NodeSearch:
     def state(self, removed: frozenset[GroupKey]) -> snapshots.NodeState:
         found = self._states.get(removed)
         if found is None:
-            found = self._states[removed] = nominations.withhold(without(self.raw, self.groups, removed), self.kept)
+            found = self._states[removed] = self.ineligible.narrow(
+                nominations.withhold(without(self.raw, self.groups, removed), self.kept))
         return found
 
     def fits(self, removed: frozenset[GroupKey]) -> bool:
@@ -283,7 +287,8 @@ class NodeSearch:
         unions: list[frozenset[GroupKey]] = [frozenset()]
         for resource in sorted(self.request.resources):
             count, share = self.request.resources[resource], self.request.share.get(resource)
-            ids = self.raw.info.devices.get(resource, ())
+            skipped = self.ineligible.on(self.raw.info.name) if resource == self.ineligible.resource else frozenset()
+            ids = [d for d in self.raw.info.devices.get(resource, ()) if d not in skipped]
             per_device = [opts for d in ids if (opts := self._unlocks(resource, d, share, keys))]
             if sum(1 for opts in per_device if frozenset() in opts) >= count:
                 continue  # enough usable already

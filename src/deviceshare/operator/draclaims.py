@@ -157,8 +157,10 @@ class GroupClaims:
             try:
                 claim = await self.ctx.api.create_claim(claim_body(group, spec))
             except storage.Invalid as e:  # e.g. a CEL selector the API server cannot compile: the user must fix it
+                # or the namespace's ResourceQuota is full (quota admission's own words): tried again on later passes
+                hint = "made once the quota has room" if "exceeded quota" in str(e) else "fix spec.claim"
                 return await self._problem(group, "ClaimRefused", f"the API server refused ResourceClaim "
-                                           f"{names.key_text(key)}: {e}; fix spec.claim")
+                                           f"{names.key_text(key)}: {e}; {hint}")
             if group_owner(claim) != (group.name, group.uid):  # made by someone else just now
                 return await self._problem(group, "ClaimNotOwned", _not_owned(key, group.name))
             self.ctx.event(group, "ClaimCreated", f"created ResourceClaim {names.key_text(key)}")

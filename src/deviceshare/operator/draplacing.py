@@ -1,6 +1,7 @@
 """The DRA hooks of the placement phases (CONTRACT §13): a group's claim selectors narrow the snapshot it is placed
-on, and when nothing fits, the reasons are said in DRA's terms. Everything else (filters, binpack / spread / fgd,
-gang, nominations) is the core's, the same as for device-plugin groups: a DRA group's resource is its DeviceClass.
+on and the room preemption may make for it, and when nothing fits, the reasons are said in DRA's terms. Everything
+else (filters, binpack / spread / fgd, gang, nominations, preemption) is the core's, the same as for device-plugin
+groups: a DRA group's resource is its DeviceClass.
 """
 
 from __future__ import annotations
@@ -64,6 +65,16 @@ def narrowed(ctx: Context, spec: models.GroupSpec, snapshot: ledgers.LedgerSnaps
         return None
     memo = ctx.dra.narrowed(spec.claim.device_class_name, selectors)
     return eligibility.restrict(snapshot, spec.claim.device_class_name, left_out, memo)
+
+
+def ineligible(ctx: Context, spec: models.GroupSpec) -> eligibility.Ineligible | None:
+    """What preemption must not count as room for the group: the devices of its class its claim's selectors do not
+    match, held or free, as :func:`prepare` evaluated them (a group whose devices the preemptor cannot use is not a
+    victim). None: not known now, as for :func:`narrowed` (never evaluated here, on the event loop)."""
+    if spec.claim is None or not _selectors(spec):
+        return eligibility.NONE
+    left_out = excluded(ctx, spec)
+    return None if left_out is None else eligibility.Ineligible(spec.claim.device_class_name, left_out)
 
 
 def explained(

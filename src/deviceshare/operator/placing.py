@@ -104,7 +104,7 @@ class GroupPlacer:
         """Quota, then filter + score + permit in one core call (``gang.permit``) on the ledger's snapshot as this
         group sees it: a decision, nothing held. ``view``: the group's members, read after the last await."""
         ctx, group = self.ctx, pre.group
-        over = quotas.refusal(ctx.ledger, group.key, dict(spec.resources), pre.budget) or draplacing.refusal(spec)
+        over = quotas.refusal(ctx.ledger, group.key, spec.requested, pre.budget) or draplacing.refusal(spec)
         if over is not None:
             return NotPlaced(over)
         request = placement.GroupRequest.from_spec(group.key, spec, mps=ctx.config.mps)

@@ -30,8 +30,8 @@ from deviceshare.core import capacity, gang, inventory, nominations, placement, 
 from deviceshare.core import ledger as ledgers
 from deviceshare.core import priority as priority_
 
+from . import draplacing, statuses, storage
 from . import state as state_
-from . import statuses, storage
 from .context import Context
 from .cyclechanges import CycleChanges
 
@@ -68,12 +68,15 @@ class Preemptor:
         by_node = self.groups_by_node()
         if not any(g.priorities and g.priorities[0] < priority for g in by_node.values()):
             return why  # no group of lower priority anywhere: nothing to preempt, nothing to add
+        ineligible = draplacing.ineligible(ctx, spec)  # DRA hook: room only of devices the claim's selectors match
+        if ineligible is None:
+            return f"{why} preemption: the ResourceSlices changed while the claim's selectors were evaluated."
         request = placement.GroupRequest.from_spec(group.key, spec, mps=ctx.config.mps)
         members = pending if spec.min_members > 1 else [pod]
         demands = [m.demand for m in members[: gang.needed(spec.min_members)]]
         decision = preemption.decide(
             ctx.ledger.snapshot(), request, demands, priority, by_node,
-            protected=self._protected_now(now), nominated=live,
+            protected=self._protected_now(now), nominated=live, ineligible=ineligible,
         )
         if isinstance(decision, preemption.NoPreemption):
             return f"{why} {decision.message()}"

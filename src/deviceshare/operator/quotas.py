@@ -4,7 +4,10 @@ The webhook refuses a group CREATE that would break its namespace's ResourceQuot
 cache, so two groups created together both pass it (and a cluster may run without it). Placement is the
 authoritative point: a group is placed only if the devices the namespace's other groups hold, by the
 ledger (our own records, never anything a tenant wrote), plus what it asks for fit every quota. The
-arithmetic is :func:`deviceshare.core.budget.over_budget`, the webhook's own.
+arithmetic is :func:`deviceshare.core.budget.over_budget`, the webhook's own. A DRA group (CONTRACT §13) counts as
+kube-apiserver counts its ResourceClaim, on ``<class>.deviceclass.resource.k8s.io/devices``: its claim (made when
+the group was seen) may already be in the quota's ``status.used``, and is not counted twice. A group whose claim
+the API server refused for its quota is thus not placed either: no devices held for a claim that cannot exist.
 
 The quotas come from a :class:`QuotaCache` that a reflector keeps (a list+watch of every ResourceQuota:
 they are few, and a read per placed group visibly slowed binding in ``bench_operator_writes --quick``);
@@ -73,12 +76,15 @@ def refusal(
         for a in ledger.allocations()
         if a.group[0] == namespace and a.group != gkey
     ]
-    over = budget.over_budget(namespace, name, resources, held, quotas)
+    over = budget.over_budget(namespace, name, resources, held, quotas, counted=resources)
     if over is None:
         return None
+    allows = f'ResourceQuota "{over.quota}" allows {budget.quota_name(over.resource)} {over.hard}'
+    if over.used_by_claims is not None:
+        return (f'SharedDeviceGroup "{name}" would put namespace {namespace} over its device budget: {allows}, '
+                f"ResourceClaims take {over.used_by_claims}, this group's claim asks for {over.requested}")
     pods = f", pods request {over.used_by_pods}" if over.used_by_pods else ""
     return (
-        f'SharedDeviceGroup "{name}" would put namespace {namespace} over its device budget: '
-        f'ResourceQuota "{over.quota}" allows {budget.QUOTA_PREFIX}{over.resource} {over.hard}, '
+        f'SharedDeviceGroup "{name}" would put namespace {namespace} over its device budget: {allows}, '
         f"groups hold {over.held_by_groups}{pods}, this group needs {over.requested}"
     )

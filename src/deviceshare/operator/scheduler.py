@@ -214,6 +214,7 @@ class PodScheduler:
             return outcome
         changes.apply()  # the preemptor reads the group as the API last answered
         why = await self.preemptor.post_filter(group, spec, pod, placed.message, view, changes)
+        changes.waits(group.key, why)  # the group's status says what preemption did, or why it could not help
         return Outcome(Result.UNSCHEDULABLE, why)
 
     async def _group(self, gkey: state_.GroupKey, changes: CycleChanges) -> state_.GroupRecord | None:

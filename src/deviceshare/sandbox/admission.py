@@ -23,7 +23,7 @@ from typing import Any
 import aiohttp
 import jsonpatch
 
-from deviceshare.sandbox import catalog, cel, errors, identity, policies, priority, selectors, store
+from deviceshare.sandbox import catalog, cel, claimquotas, dra, errors, identity, policies, priority, selectors, store
 
 Endpoints = Mapping[tuple[str, str], str]  # (namespace, service name) -> "https://127.0.0.1:PORT"
 
@@ -143,8 +143,8 @@ class Admission:
         subresource: str = "",
         user: identity.User = identity.ADMIN,
     ) -> None:
-        """Validating admission of a write: the Priority plugin's PriorityClass rule, policies, then
-        validating webhooks; raises ApiError."""
+        """Validating admission of a write: the Priority plugin's PriorityClass rule, policies, validating
+        webhooks, then ResourceQuota for a ResourceClaim (``claimquotas``); raises ApiError."""
         if rtype.key == priority.KEY and operation in ("CREATE", "UPDATE") and obj is not None and not subresource:
             priority.check_class(self.store, operation, obj)
         self.policies.check(rtype, namespace, operation, subresource, obj, old, user)
@@ -165,6 +165,10 @@ class Admission:
                 continue
             if not response.get("allowed"):
                 self._apply_response(name, request, response, {})
+        # ResourceQuota comes after the validating webhooks (kube-apiserver's plugin order); nothing is awaited
+        # between its charge and the store's write.
+        if rtype.key == dra.RESOURCE_CLAIMS and operation == "CREATE" and obj is not None and not subresource:
+            claimquotas.admit(self.store, namespace or "", obj)
 
     def _conditions_met(self, hook: Mapping[str, Any], request: Mapping[str, Any]) -> bool:
         variables = {"object": request["object"], "oldObject": request["oldObject"], "request": request}

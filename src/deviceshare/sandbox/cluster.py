@@ -25,6 +25,7 @@ from deviceshare.sandbox import (
     admission,
     apiserver,
     catalog,
+    claimquotas,
     dradriver,
     errors,
     hooks,
@@ -128,6 +129,7 @@ class Sandbox(hooks.FaultHooks):
         )
         if self.kubelet is not None:
             self.kubelet.gpu_driver = self.dra_driver
+        self.claim_quotas = claimquotas.ClaimQuotaController(self.store)  # quota status for ResourceClaims
         self._host, self._port = host, port
         # Network faults (black holes, slow TLS handshakes: front.py) need clients to connect through a proxy;
         # ``tls`` (a CA certificate's PEM, and a server context with a certificate it signed): that proxy serves
@@ -170,6 +172,7 @@ class Sandbox(hooks.FaultHooks):
             self.disruption.start()
         if self.dra_driver is not None:
             self.dra_driver.start()
+        self.claim_quotas.start()
         return self
 
     async def __aexit__(
@@ -183,6 +186,7 @@ class Sandbox(hooks.FaultHooks):
             self.disruption.stop()
         if self.dra_driver is not None:
             self.dra_driver.stop()
+        self.claim_quotas.stop()
         self.store.close_watches()
         self.api.faults.clear()  # no request stays held past the end
         if self.front is not None:

@@ -3,7 +3,9 @@
 Pure, like :mod:`admission`: an AdmissionReview of a group CREATE or UPDATE in, a decision out,
 with the namespace's quotas and other groups answered from memory by a :class:`BudgetView`. The
 arithmetic is :func:`deviceshare.core.budget.over_budget`, which the operator can run again when it
-places a group. A refusal names the quota (``ResourceQuota 'gpus' in namespace 'ml': ...``).
+places a group. A refusal names the quota (``ResourceQuota 'gpus' in namespace 'ml': ...``). A DRA group
+(``spec.claim``) counts as kube-apiserver will count the ResourceClaim the operator makes for it:
+``count`` devices of ``<deviceClassName>.deviceclass.resource.k8s.io/devices`` (:mod:`deviceshare.core.budget`).
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ class BudgetView(Protocol):
         """The namespace's ResourceQuotas with device limits."""
 
     def group_resources(self, namespace: str) -> dict[str, dict[str, int]]:
-        """Group name -> its ``spec.resources``, for every group in the namespace."""
+        """Group name -> what it asks (``GroupSpec.requested``: ``spec.resources``, or ``{deviceClassName: count}``
+        for a DRA group), for every group in the namespace."""
 
 
 def decide(body: Mapping[str, Any], view: BudgetView) -> admission.Decision:
@@ -54,12 +57,18 @@ def decide(body: Mapping[str, Any], view: BudgetView) -> admission.Decision:
             "deviceshare webhook is still loading quotas and groups; retry", code=503, outcome="warming"
         )
     others = [r for other, r in view.group_resources(namespace).items() if other != name]
-    found = budget.over_budget(namespace, name, resources, others, view.quotas(namespace), previous)
+    # Its own claim is counted by the quota's status.used only once made: not yet at CREATE, the old one at UPDATE.
+    found = budget.over_budget(namespace, name, resources, others, view.quotas(namespace), previous, previous)
     if found is None:
         return admission.Decision(allowed=True, outcome="unchanged")
     return admission.deny(found.message)
 
 
 def _resources(group: Mapping[str, Any]) -> dict[str, int]:
-    """``spec.resources`` as counts (:func:`reviews.check_group` has checked they are whole numbers)."""
-    return dict((group.get("spec") or {}).get("resources") or {})
+    """``spec.resources`` as counts, or a DRA group's ``{deviceClassName: count}`` (count defaults to 1, as the
+    CRD's; :func:`reviews.check_group` has checked their types)."""
+    spec = group.get("spec") or {}
+    claim = spec.get("claim")
+    if claim:
+        return {claim["deviceClassName"]: claim.get("count", 1)}
+    return dict(spec.get("resources") or {})

@@ -268,7 +268,7 @@ class GroupIndex:
 
     def group_resources(self, namespace: str) -> dict[str, dict[str, int]]:
         return {
-            name: dict(spec.resources) for (ns, name), spec in self._groups.specs.items() if ns == namespace
+            name: spec.requested for (ns, name), spec in self._groups.specs.items() if ns == namespace
         }
 
     async def refresh(self, namespace: str, name: str, timeout_s: float) -> None:

@@ -173,6 +173,11 @@ def check_group(group: Mapping[str, Any], at: Path) -> None:
     for name, count in resources.items():
         if type(count) is not int:
             _fail((*at, "spec", "resources", name), count, "a whole number")
+    claim = _object(spec, "claim", (*at, "spec"))
+    if claim:
+        _string(claim, "deviceClassName", (*at, "spec", "claim"), required=True)
+        if type(claim.get("count", 1)) is not int:
+            _fail((*at, "spec", "claim", "count"), claim.get("count"), "a whole number")
 
 
 # -- the checks: each returns the value to read on, or raises naming the path -------------------------------
