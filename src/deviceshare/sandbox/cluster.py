@@ -36,6 +36,7 @@ from deviceshare.sandbox import (
 from deviceshare.sandbox import deployments as deployments_
 from deviceshare.sandbox import disruption as disruption_
 from deviceshare.sandbox import front as front_
+from deviceshare.sandbox import nodes as nodes_
 from deviceshare.sandbox import priority as priority_classes
 
 CONTEXT = "deviceshare-sandbox"
@@ -324,7 +325,7 @@ class Sandbox(hooks.FaultHooks):
         declared: dict[str, str] = {}
         if resource == names.NVIDIA_GPU_RESOURCE and self.gpu_memory_mib is not None:
             declared[names.NVIDIA_GPU_MEMORY_LABEL] = str(self.gpu_memory_mib)
-        body = kubelet.node(
+        body = nodes_.node(
             name,
             gpus=self.gpus if gpus is None else gpus,
             resource=resource,
