@@ -90,6 +90,21 @@ def member_names(cluster: state_.ClusterState, group: state_.GroupRecord, env_na
     return [p.name for p in listed_members(cluster.live_members(group.key), group.spec, env_names)]
 
 
+def skipped_webhook(pods: list[state_.PodRecord], scheduler_name: str) -> list[state_.PodRecord]:
+    """Members that name the group but not our scheduler: created without the webhook (the most common
+    set-up mistake: the webhook not installed yet, or not running). Nobody will give them devices."""
+    return [p for p in pods if p.scheduler_name != scheduler_name and not p.deleting]
+
+
+def skipped_message(pods: list[state_.PodRecord], scheduler_name: str) -> str:
+    shown = ", ".join(p.name for p in pods[:5]) + (f" and {len(pods) - 5} more" if len(pods) > 5 else "")
+    return (
+        f"pods {shown} name this group but were created without the deviceshare webhook (schedulerName is "
+        f"{pods[0].scheduler_name!r}, not {scheduler_name!r}): check that the webhook runs and its "
+        "MutatingWebhookConfiguration is installed, then delete and recreate the pods"
+    )
+
+
 # What happened to a group that holds nothing now: shown until something newer is known of it.
 _TOLD_UNTIL_PLACED = ("Preempted", "NodeLost")
 
