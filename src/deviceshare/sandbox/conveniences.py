@@ -43,7 +43,6 @@ class Conveniences:
     node_labels: dict[str, str]
     shared_taint: bool
 
-
     def _rtype_of(self, obj: Mapping[str, Any]) -> catalog.ResourceType:
         group = obj.get("apiVersion", "v1").rpartition("/")[0]
         for rtype in self.store.catalog:
