@@ -4,9 +4,8 @@ Admission must answer within its timeout, so it never calls the API; list+watch 
 (:class:`deviceshare.kube.watching.Reflector`) keep this index current instead, one over every
 SharedDeviceGroup, one over the pods that carry the ``deviceshare.io/group`` label, and one over
 ResourceQuotas (the namespace device budget, :mod:`deviceshare.core.budget`); what each keeps is in
-:mod:`sinks`. Until all have
-finished their first list the index answers ``WARMING`` and the server denies with a message
-that asks for a retry, rather than guessing.
+:mod:`sinks`. Until all have finished their first list the index answers ``WARMING`` and the server
+denies with a message that asks for a retry, rather than guessing.
 
 A miss may be a group created a moment ago that the watch has not delivered yet, so the server asks
 for it once (:meth:`GroupIndex.refresh`). That answer joins the cache only if it is newer than what
