@@ -53,7 +53,8 @@ CODE = {
     "placement decision (core/)": ("deviceshare/core/",),
     "watch events into records (kube/watching, intake, state, records)": (
         "kube/watching.py", "operator/intake.py", "operator/state.py", "operator/records.py"),
-    "status bodies and annotations (statuses, api/)": ("operator/statuses.py", "deviceshare/api/"),
+    "status bodies and annotations (statuses, api/)": (
+        "operator/statuses.py", "operator/conditions.py", "operator/memberannotations.py", "deviceshare/api/"),
     "writes: fence, count, read-back (storage/, kube/rest)": ("operator/storage/", "kube/rest.py"),
     "scheduler, reconciler, events, queues": ("deviceshare/operator/",),
     "asyncio (tasks, locks, queues)": ("asyncio/",),

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from hypothesis import HealthCheck, settings
+
+if TYPE_CHECKING:
+    from deviceshare.operator import storage
+    from deviceshare.sandbox import Sandbox
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -27,3 +33,14 @@ async def sandbox(tmp_path: Path):  # -> AsyncIterator[deviceshare.sandbox.Sandb
 
     async with Sandbox(kubeconfig_path=tmp_path / "kubeconfig", kubelet_delay=0.01) as running:
         yield running
+
+
+@pytest.fixture
+async def api(box: Sandbox) -> AsyncIterator[storage.ClusterApi]:
+    """The operator's API client (``storage.ClusterApi``) on the test module's own ``box`` sandbox, closed after."""
+    from deviceshare.kube import connecting
+    from deviceshare.operator import storage
+
+    cluster_api = storage.ClusterApi(await connecting.api_client(str(box.kubeconfig)))
+    yield cluster_api
+    await cluster_api.close()

@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 
 from deviceshare.api import names
-from deviceshare.kube import connecting
 from deviceshare.operator import storage
 from deviceshare.operator.readback import Seen
 from deviceshare.operator.storage import draclaims
@@ -26,13 +25,6 @@ CLAIM = r"/namespaces/default/resourceclaims/g-devices$"
 async def box(tmp_path: Path) -> AsyncIterator[Sandbox]:
     async with Sandbox(nodes=1, gpus=2, dra=True, kubeconfig_path=tmp_path / "kubeconfig") as sandbox:
         yield sandbox
-
-
-@pytest.fixture
-async def api(box: Sandbox) -> AsyncIterator[storage.ClusterApi]:
-    cluster_api = storage.ClusterApi(await connecting.api_client(str(box.kubeconfig)))
-    yield cluster_api
-    await cluster_api.close()
 
 
 def body() -> dict[str, Any]:

@@ -8,7 +8,7 @@ import datetime
 import pytest
 
 from deviceshare.api import envnames, names
-from deviceshare.operator import queueing, rebuild, state, statuses
+from deviceshare.operator import conditions, memberannotations, queueing, rebuild, state
 from tests import waiting
 
 NOW = datetime.datetime(2026, 11, 22, 12, 0, tzinfo=datetime.UTC)
@@ -47,7 +47,7 @@ async def test_parked_pods_wait_their_backoff_then_move_on_a_cluster_change() ->
 
 def test_device_annotations_carry_ids_per_env_var() -> None:
     env = envnames.EnvNames({"nvidia.com/": ["NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"]})
-    got = statuses.device_annotations({"nvidia.com/gpu": ["2", "3"], "example.com/fpga": ["f1"]}, env)
+    got = memberannotations.device_annotations({"nvidia.com/gpu": ["2", "3"], "example.com/fpga": ["f1"]}, env)
     assert got == {
         names.POD_SELECTED_DEVICES_ANNOTATION: '{"example.com/fpga":"f1","nvidia.com/gpu":"2,3"}',
         "deviceshare.io/env.EXAMPLE_FPGA_VISIBLE_DEVICES": "f1",
@@ -57,9 +57,9 @@ def test_device_annotations_carry_ids_per_env_var() -> None:
 
 
 def test_condition_keeps_transition_time_while_status_holds() -> None:
-    first = statuses.condition([], "Scheduled", "False", "Unschedulable", "no room")
-    again = statuses.condition(first, "Scheduled", "False", "Unschedulable", "still no room")
-    flipped = statuses.condition(again, "Scheduled", "True", "Bound", "placed")
+    first = conditions.condition([], "Scheduled", "False", "Unschedulable", "no room")
+    again = conditions.condition(first, "Scheduled", "False", "Unschedulable", "still no room")
+    flipped = conditions.condition(again, "Scheduled", "True", "Bound", "placed")
     assert again[0]["lastTransitionTime"] == first[0]["lastTransitionTime"]
     assert again[0]["message"] == "still no room"
     assert flipped[0]["status"] == "True"

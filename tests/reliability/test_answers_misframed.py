@@ -30,13 +30,6 @@ async def box(tmp_path: Path) -> AsyncIterator[Sandbox]:
         yield sandbox
 
 
-@pytest.fixture
-async def api(box: Sandbox) -> AsyncIterator[storage.ClusterApi]:
-    cluster_api = storage.ClusterApi(await connecting.api_client(str(box.kubeconfig)))
-    yield cluster_api
-    await cluster_api.close()
-
-
 async def write_status(api: storage.ClusterApi, box: Sandbox, phase: str) -> Any:
     group = box.get(names.PLURAL, "g", NS)
     assert group is not None

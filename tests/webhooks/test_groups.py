@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 import pytest
 from kubernetes_asyncio import client
 
-from deviceshare.webhooks import admission, groups
+from deviceshare.webhooks import admission, groups, sinks
 from tests import waiting
 from tests.webhooks import fakeapi
 from tests.webhooks.fakeapi import GROUPS, PODS
@@ -152,7 +152,7 @@ async def test_lists_in_pages(fake_api: fakeapi.FakeApi, api_client: client.ApiC
 
 def test_a_relist_in_pages_replaces_the_caches_only_at_its_last_page() -> None:
     """Admissions meanwhile answer from the last whole list, never from half of the next one."""
-    specs, members = groups._Groups(), groups._Members()
+    specs, members = sinks.Groups(), sinks.Members()
     specs.replace([fakeapi.group("ml", "old")], "5")
     members.replace([fakeapi.member("ml", "p0", "old")], "5")
     specs.begin()

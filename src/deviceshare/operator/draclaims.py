@@ -30,8 +30,9 @@ from typing import Any
 
 from deviceshare.api import models, names
 
+from . import conditions as conditions_
 from . import state as state_
-from . import statuses, storage
+from . import storage
 from .context import Context
 from .storage.draclaims import ClaimKey
 
@@ -228,15 +229,15 @@ class GroupClaims:
         if shown is not None and shown.status == "True" and shown.reason == reason and shown.message == message:
             return group
         self.ctx.event(group, reason, message, warning=True)
-        conditions = statuses.condition(
-            statuses.wire_conditions(group.status.conditions), CONDITION, "True", reason, message, group.generation
+        conditions = conditions_.condition(
+            conditions_.wire_conditions(group.status.conditions), CONDITION, "True", reason, message, group.generation
         )
         return await self._write_conditions(group, conditions)
 
     async def _clear(self, group: state_.GroupRecord) -> state_.GroupRecord:
         if group.status.condition(CONDITION) is None:
             return group
-        conditions = statuses.without_condition(statuses.wire_conditions(group.status.conditions), CONDITION)
+        conditions = conditions_.without_condition(conditions_.wire_conditions(group.status.conditions), CONDITION)
         return await self._write_conditions(group, conditions)
 
     async def _write_conditions(

@@ -7,8 +7,9 @@ from the ledger (the authority on devices) and the pods (the authority on who ru
 - node lost (deleted or NotReady): NodeLost condition and event; once no member runs there the devices
   go back to the ledger and the group returns to Pending, to be placed again by its next pod;
 - member pods whose device annotations (or group annotation) were edited get them back from the
-  allocation: only members we bound into this group, and only on the group's node; also after the group
-  itself is gone while they run (someone removed our finalizer), when they are the claim's only record;
+  allocation (``memberrestore.py``): only members we bound into this group, and only on the group's node; also
+  after the group itself is gone while they run (someone removed our finalizer), when they are the claim's only
+  record;
 - a member a release has waited on for ``member_recheck`` seconds is read again from the API: if its
   deletion never reached us (a pod watch that hangs without an error), it would otherwise hold its
   group's devices for ever.
@@ -28,7 +29,7 @@ from deviceshare.api import names
 from deviceshare.core import ledger as ledgers
 from deviceshare.core import nominations
 
-from . import draallocation, draclaims, statuses, storage
+from . import draallocation, draclaims, memberrestore, statuses, storage
 from . import state as state_
 from .context import Context
 from .queueing import ReconcileQueue
@@ -110,7 +111,7 @@ class GroupReconciler:
             if allocation is not None:
                 # The members' annotations are now the only record a restarted operator can rebuild this
                 # claim from (a gone group has no status): keep them true while its members run.
-                await self._restore_pod_annotations(gkey, allocation, on_devices)
+                await memberrestore.restore(self.ctx, gkey, allocation, on_devices)
             return False
 
         if group.deleting:
@@ -148,7 +149,7 @@ class GroupReconciler:
                 # The release wrote the status (Pending, NodeLost saying why); writing it again from the
                 # record read before would wipe that reason until the group is placed again.
                 return await self._release_lost(group, node_lost)
-            await self._restore_pod_annotations(gkey, allocation, on_devices)
+            await memberrestore.restore(self.ctx, gkey, allocation, on_devices)
             if draallocation.is_dra(group):  # DRA hook: members that are gone leave the claim's reservedFor
                 await draallocation.prune_reserved(ctx, gkey, (p.uid for p in ctx.state.live_members(gkey)))
 
@@ -234,43 +235,6 @@ class GroupReconciler:
         self.ctx.event(group, "NodeLost", f"{why}; devices released, the group will be placed again", warning=True)
         return True
 
-    async def _restore_pod_annotations(
-        self, gkey: state_.GroupKey, allocation: ledgers.Allocation, members: list[state_.PodRecord]
-    ) -> None:
-        """Put back what a member's owner changed. ``members`` are the pods we bound into this group (our
-        records, not their annotations); one on another node never gets this group's device IDs."""
-        want = statuses.allocation_annotations(
-            allocation, self.ctx.config.env_names, self.ctx.ledger.node(allocation.node)
-        )
-        want_env = names.env_from_annotations(want)
-        for pod in members:
-            if pod.member_of != gkey[1] or pod.node_name != allocation.node:
-                continue
-            if (
-                pod.group == gkey[1]
-                and pod.selected_devices == want[names.POD_SELECTED_DEVICES_ANNOTATION]
-                and dict(pod.env_annotations) == want_env
-            ):
-                continue
-            stale: dict[str, str | None] = {
-                names.env_annotation(e): None for e in pod.env_annotations if e not in want_env
-            }
-            # The group annotation too: un-joining or re-pointing a bound member changes nothing we decide,
-            # but everything that reads the pod (kubectl, inspect, the webhook's member count) should agree.
-            stale[names.POD_GROUP_ANNOTATION] = gkey[1]
-            try:
-                await self.ctx.api.annotate_pod(pod.key, pod.uid, {**stale, **want})
-            except (storage.Gone, storage.Conflict):
-                continue
-            except storage.Invalid as e:  # refused (a policy, RBAC): say so where the pod's owner looks
-                self.ctx.event(pod, "DeviceAnnotationsNotRestored", f"could not put back the device "
-                               f"annotations of SharedDeviceGroup \"{gkey[1]}\": {e}", warning=True)
-                continue
-            self.ctx.event(
-                pod, "DeviceAnnotationsRestored",
-                "device annotations did not match the group's allocation and were put back", warning=True,
-            )
-
     async def _set_finalizers(self, group: state_.GroupRecord, finalizers: list[str]) -> state_.GroupRecord:
         return self.ctx.state.keep(await self.ctx.api.set_group_finalizers(
             group.key, finalizers, uid=group.uid, resource_version=group.resource_version
@@ -293,7 +257,7 @@ class GroupReconciler:
         gkey = group.key
         allocation = ctx.ledger.allocation(gkey)
         live = ctx.state.live_members(gkey)
-        skipped = skipped_webhook(live, ctx.config.scheduler_name)
+        skipped = statuses.skipped_webhook(live, ctx.config.scheduler_name)
         if allocation is None and not group.status.conditions and gkey not in ctx.unschedulable and not group.deleting:
             if any(not p.node_name and p not in skipped for p in live):
                 return  # a brand-new group whose pod is being placed: the placement writes its first status
@@ -305,7 +269,7 @@ class GroupReconciler:
                 self._request_later(gkey, first_seen + ctx.config.new_group_grace - now)
                 return
         self._new_groups.pop(gkey, None)
-        skipped_why = skipped_message(skipped, ctx.config.scheduler_name) if skipped else None
+        skipped_why = statuses.skipped_message(skipped, ctx.config.scheduler_name) if skipped else None
         kept = ctx.nominations.live(time.monotonic())
         if kept is not ctx.nominations:  # expired ones go
             ctx.nominations = kept
@@ -341,19 +305,4 @@ class GroupReconciler:
         except storage.Gone:
             return
         ctx.state.keep(written)
-
-
-def skipped_webhook(pods: list[state_.PodRecord], scheduler_name: str) -> list[state_.PodRecord]:
-    """Members that name the group but not our scheduler: created without the webhook (the most common
-    set-up mistake: the webhook not installed yet, or not running). Nobody will give them devices."""
-    return [p for p in pods if p.scheduler_name != scheduler_name and not p.deleting]
-
-
-def skipped_message(pods: list[state_.PodRecord], scheduler_name: str) -> str:
-    shown = ", ".join(p.name for p in pods[:5]) + (f" and {len(pods) - 5} more" if len(pods) > 5 else "")
-    return (
-        f"pods {shown} name this group but were created without the deviceshare webhook (schedulerName is "
-        f"{pods[0].scheduler_name!r}, not {scheduler_name!r}): check that the webhook runs and its "
-        "MutatingWebhookConfiguration is installed, then delete and recreate the pods"
-    )
 

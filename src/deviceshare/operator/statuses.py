@@ -1,10 +1,11 @@
-"""Pure builders of what the operator writes: group status bodies, conditions and pod annotations.
+"""Pure builders of the SharedDeviceGroup status bodies the operator writes.
 
 Every SharedDeviceGroup status the operator writes is built here, by one typed function per occasion:
 :func:`bound` (a placement), :func:`rolled_back` (a placement undone before its first pod was bound),
 :func:`node_lost` (devices released from a lost node) and :func:`reconciled` (the reconciler's view of
 everything else). The scheduler and the reconciler list members the same way, :func:`member_names`, so
-the placement's write is already what the reconciler would write once the pod is bound.
+the placement's write is already what the reconciler would write once the pod is bound. Their conditions are
+edited by ``conditions.py``; a member pod's annotations are built by ``memberannotations.py``.
 """
 
 from __future__ import annotations
@@ -12,45 +13,17 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple, TypedDict
 
-from deviceshare.api import envnames, models, names, podannotations
+from deviceshare.api import envnames, models, names
 from deviceshare.core import gang, inventory, reasonkinds
 from deviceshare.core import ledger as ledgers
 from deviceshare.core import members as member_rules
 
+from . import memberannotations
 from . import state as state_
-from .storage import now_rfc3339
+from .conditions import condition, same_conditions, wire_conditions, without_condition
 
-
-def device_annotations(
-    devices: Mapping[str, Sequence[str]],
-    env_names: envnames.EnvNames,
-    share: Mapping[str, podannotations.ShareAmounts] | None = None,
-    tiles: Mapping[str, Sequence[str]] | None = None,
-    node_devices: Mapping[str, Sequence[str]] | None = None,
-) -> dict[str, str]:
-    """The annotations a member pod carries; see :func:`deviceshare.api.podannotations.member_annotations`."""
-    return podannotations.member_annotations(devices, env_names, share, tiles, node_devices)
-
-
-def allocation_annotations(
-    allocation: ledgers.Allocation, env_names: envnames.EnvNames, node: inventory.NodeInfo | None
-) -> dict[str, str]:
-    """A member's annotations for its group's allocation, shares and tiles included (CONTRACT §7)."""
-    kept = _ANNOTATIONS.get(allocation.group)
-    if kept is not None and kept[0] is allocation and kept[1] is env_names and kept[2] is node:
-        return dict(kept[3])  # the same allocation, mapping and node objects as last time: the same answer
-    made = podannotations.member_annotations(
-        allocation.devices, env_names, allocation.share, allocation.tiles, node.devices if node else None
-    )
-    _ANNOTATIONS[allocation.group] = (allocation, env_names, node, made)
-    if len(_ANNOTATIONS) > 4096:
-        del _ANNOTATIONS[next(iter(_ANNOTATIONS))]
-    return dict(made)
-
-
-# The last annotations made per group (every member's binding, every reconcile asks): immutable inputs, compared
-# by identity, so a changed allocation or node is never answered from here.
-_ANNOTATIONS: dict[tuple[str, str], tuple[object, object, object, dict[str, str]]] = {}
+# Re-exported: the scheduler asks for a member's annotations here.
+allocation_annotations = memberannotations.allocation_annotations
 
 
 def describe_devices(devices: Mapping[str, Sequence[str]]) -> str:
@@ -68,56 +41,6 @@ def describe_allocation(allocation: ledgers.Allocation) -> str:
             text += f" ({share.describe()}{': ' + ','.join(tiles) if tiles else ''})"
         out.append(text)
     return "; ".join(out)
-
-
-def wire_conditions(conditions: Iterable[models.Condition]) -> list[dict[str, Any]]:
-    return [c.to_k8s() for c in conditions]
-
-
-def condition(
-    existing: Sequence[Mapping[str, Any]],
-    type_: str,
-    status: str,
-    reason: str,
-    message: str,
-    generation: int | None = None,
-) -> list[dict[str, Any]]:
-    """The full condition list with ``type_`` set; lastTransitionTime moves only when status changes."""
-    out: list[dict[str, Any]] = []
-    found = False
-    for c in existing:
-        if c.get("type") != type_:
-            out.append(dict(c))
-            continue
-        found = True
-        kept = c.get("lastTransitionTime") if c.get("status") == status else None
-        out.append(_cond(type_, status, reason, message, kept or now_rfc3339(), generation))
-    if not found:
-        out.append(_cond(type_, status, reason, message, now_rfc3339(), generation))
-    return out
-
-
-def without_condition(existing: Sequence[Mapping[str, Any]], type_: str) -> list[dict[str, Any]]:
-    return [dict(c) for c in existing if c.get("type") != type_]
-
-
-def _cond(
-    type_: str, status: str, reason: str, message: str, ltt: str, generation: int | None
-) -> dict[str, Any]:
-    c: dict[str, Any] = {
-        "type": type_, "status": status, "reason": reason, "message": message, "lastTransitionTime": ltt,
-    }
-    if generation is not None:
-        c["observedGeneration"] = generation
-    return c
-
-
-def same_conditions(a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any]]) -> bool:
-    """Equal but for lastTransitionTime (which :func:`condition` keeps stable anyway)."""
-    def key(c: Mapping[str, Any]) -> tuple[Any, ...]:
-        return (c.get("type"), c.get("status"), c.get("reason"), c.get("message"), c.get("observedGeneration"))
-
-    return sorted(map(key, a)) == sorted(map(key, b))
 
 
 def listed_members(
@@ -165,6 +88,21 @@ def member_names(cluster: state_.ClusterState, group: state_.GroupRecord, env_na
     The scheduler's placement write and the reconciler's writes both list them this way, so the status is
     right as soon as the placing pod is bound and no second write follows the placement."""
     return [p.name for p in listed_members(cluster.live_members(group.key), group.spec, env_names)]
+
+
+def skipped_webhook(pods: list[state_.PodRecord], scheduler_name: str) -> list[state_.PodRecord]:
+    """Members that name the group but not our scheduler: created without the webhook (the most common
+    set-up mistake: the webhook not installed yet, or not running). Nobody will give them devices."""
+    return [p for p in pods if p.scheduler_name != scheduler_name and not p.deleting]
+
+
+def skipped_message(pods: list[state_.PodRecord], scheduler_name: str) -> str:
+    shown = ", ".join(p.name for p in pods[:5]) + (f" and {len(pods) - 5} more" if len(pods) > 5 else "")
+    return (
+        f"pods {shown} name this group but were created without the deviceshare webhook (schedulerName is "
+        f"{pods[0].scheduler_name!r}, not {scheduler_name!r}): check that the webhook runs and its "
+        "MutatingWebhookConfiguration is installed, then delete and recreate the pods"
+    )
 
 
 # What happened to a group that holds nothing now: shown until something newer is known of it.

@@ -1,8 +1,6 @@
-"""Simulated nodes and a small kubelet: bound pods start running, and can be completed.
+"""A small kubelet for the simulated nodes (``nodes.py``): bound pods start running, and can be completed.
 
-Nodes carry what the operator reads on a real GPU node: the ``deviceshare.io/mode: shared``
-label, ``nvidia.com/gpu`` (or another resource) in capacity/allocatable, CPU/memory, a Ready
-condition, taints and cordoning. The kubelet acts on watch events of pods: a pod bound to an
+The kubelet acts on watch events of pods: a pod bound to an
 existing, Ready node turns Running after ``delay`` seconds, like a container that started. As the
 real kubelet's admission does, a pod that does not tolerate one of the node's ``NoExecute`` taints
 is rejected instead (phase ``Failed``, reason ``UntoleratedTaint``): that is what stops a pod that
@@ -25,86 +23,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
-from deviceshare.api import names
-from deviceshare.sandbox import containerstart, dradriver, draprepare, events, store
-
-KUBELET_VERSION = "v1.32.0-sandbox"
-
-
-def node(
-    name: str,
-    *,
-    gpus: int,
-    resource: str = "nvidia.com/gpu",
-    cpu: str = "64",
-    memory: str = "512Gi",
-    labels: Mapping[str, str] | None = None,
-    annotations: Mapping[str, str] | None = None,
-    taints: Sequence[Mapping[str, Any]] | None = None,
-    unschedulable: bool = False,
-    ready: bool = True,
-) -> dict[str, Any]:
-    resources = {"cpu": cpu, "memory": memory, "pods": "110"}
-    if gpus:
-        resources[resource] = str(gpus)
-    spec: dict[str, Any] = {}
-    if taints:
-        spec["taints"] = [dict(t) for t in taints]
-    if unschedulable:
-        spec["unschedulable"] = True
-    all_labels = {
-        "kubernetes.io/hostname": name,
-        "kubernetes.io/os": "linux",
-        "kubernetes.io/arch": "amd64",
-        names.NODE_MODE_LABEL: names.NODE_MODE_SHARED,
-    }
-    all_labels.update(labels or {})
-    return {
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {"name": name, "labels": all_labels, "annotations": dict(annotations or {})},
-        "spec": spec,
-        "status": {
-            "capacity": dict(resources),
-            "allocatable": dict(resources),
-            "conditions": [
-                {
-                    "type": "Ready",
-                    "status": "True" if ready else "False",
-                    "reason": "KubeletReady" if ready else "KubeletNotReady",
-                    "message": "kubelet is posting ready status" if ready else "simulated NotReady",
-                    "lastHeartbeatTime": store.now(),
-                    "lastTransitionTime": store.now(),
-                }
-            ],
-            "nodeInfo": {
-                "kubeletVersion": KUBELET_VERSION,
-                "kubeProxyVersion": KUBELET_VERSION,
-                "operatingSystem": "linux",
-                "architecture": "amd64",
-                "osImage": "deviceshare sandbox",
-                "kernelVersion": "6.0.0-sandbox",
-                "containerRuntimeVersion": "sandbox://0",
-                "bootID": f"boot-{name}",
-                "machineID": f"machine-{name}",
-                "systemUUID": f"uuid-{name}",
-            },
-            "addresses": [
-                {"type": "InternalIP", "address": "10.0.0.1"},
-                {"type": "Hostname", "address": name},
-            ],
-        },
-    }
-
-
-def _node_ready(obj: Mapping[str, Any]) -> bool:
-    return any(
-        c.get("type") == "Ready" and c.get("status") == "True"
-        for c in obj.get("status", {}).get("conditions") or []
-    )
+from deviceshare.sandbox import containerstart, dradriver, draprepare, events, nodes, store
 
 
 class Kubelet:
@@ -223,7 +145,7 @@ class Kubelet:
             return
         if (
             store.meta(pod).get("uid") != uid
-            or not _node_ready(host)
+            or not nodes.ready(host)
             or store.meta(pod).get("deletionTimestamp")
             # finished (or started) meanwhile: a kubelet never takes a terminated pod back to Running
             or (pod.get("status") or {}).get("phase", "Pending") != "Pending"
