@@ -78,7 +78,9 @@ class DraInventory:
         # node -> (the extended resources its DRA devices stood for, those devices) as last seen with slices: while
         # a claim still allocates one of them, a node whose slices went away (driver restart) does not offer them.
         self._dra_gpus: dict[str, tuple[frozenset[str], frozenset[str]]] = {}
-        self._matches: dict[tuple[str, str, str], frozenset[str]] = {}  # (class, slice, version) -> device ids
+        # (class, slice) -> (the slice's version, the device ids the class matches): one entry per slice, replaced
+        # when the slice changes, dropped when it goes (keyed by version, every update would leave one behind).
+        self._matches: dict[tuple[str, str], tuple[str, frozenset[str]]] = {}
         # A claim's selectors -> the devices of its class they match; cleared when a slice or class changes.
         self._excluded: dict[tuple[str, tuple[str, ...]], dict[str, frozenset[str]]] = {}
         self._narrowed: dict[tuple[str, tuple[str, ...]], eligibility.Narrowed] = {}  # restrict's memo per key
@@ -103,6 +105,9 @@ class DraInventory:
         self._narrowed.clear()
         self.generation += 1
         touched: set[str] = set()
+        if event_type == "DELETED":
+            for cls in self._classes:
+                self._matches.pop((cls, name), None)
         if old is not None and old.node:
             self._by_node.get(old.node, set()).discard(name)
             for d in old.devices:
@@ -185,6 +190,7 @@ class DraInventory:
         withheld: dict[str, frozenset[str]] = {}
         extended: set[str] = set()
         dra_ids: set[str] = set()
+        by_id = {d.id: d for s in slices for d in s.devices}
         for cls in sorted(self._classes.values(), key=lambda c: c.name):
             ids = [d for s in slices for d in self._class_devices(cls, s)]
             if not ids:
@@ -193,7 +199,6 @@ class DraInventory:
                 devices.pop(cls.extended_resource, None)  # those GPUs are DRA devices here: never offered twice
                 extended.add(cls.extended_resource)
                 dra_ids.update(ids)
-            by_id = {d.id: d for s in slices for d in s.devices}
             devices[cls.name] = tuple(ids)
             blocked = frozenset(d for d in ids if by_id[d].tainted or self._taken_by_others(d))
             if blocked:
@@ -316,11 +321,11 @@ class DraInventory:
         return [s for s in slices if s.generation == newest[(s.driver, s.pool)]]
 
     def _class_devices(self, cls: DeviceClass, resource_slice: ResourceSlice) -> frozenset[str] | list[str]:
-        key = (cls.name, resource_slice.name, resource_slice.version)
-        cached = self._matches.get(key)
-        if cached is None:
-            cached = self._matches[key] = frozenset(
-                d.id for d in resource_slice.devices if self._matches_class(cls, d))
+        key = (cls.name, resource_slice.name)
+        version, cached = self._matches.get(key, (None, frozenset()))
+        if version != resource_slice.version:
+            cached = frozenset(d.id for d in resource_slice.devices if self._matches_class(cls, d))
+            self._matches[key] = (resource_slice.version, cached)
         return [d.id for d in resource_slice.devices if d.id in cached]  # in slice order
 
     @staticmethod
