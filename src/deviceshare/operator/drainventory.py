@@ -36,6 +36,7 @@ from typing import Any
 from deviceshare.api import names
 from deviceshare.core import deviceselectors, eligibility, inventory
 
+from . import dragpus
 from .draobjects import (
     ClaimAllocation,
     ClaimBodies,
@@ -77,7 +78,7 @@ class DraInventory:
         self._bases: dict[str, inventory.NodeInfo] = {}  # what the Node object says, before DRA
         # node -> (the extended resources its DRA devices stood for, those devices) as last seen with slices: while
         # a claim still allocates one of them, a node whose slices went away (driver restart) does not offer them.
-        self._dra_gpus: dict[str, tuple[frozenset[str], frozenset[str]]] = {}
+        self._dra_gpus = dragpus.DraGpus()
         # (class, slice) -> (the slice's version, the device ids the class matches): one entry per slice, replaced
         # when the slice changes, dropped when it goes (keyed by version, every update would leave one behind).
         self._matches: dict[tuple[str, str], tuple[str, frozenset[str]]] = {}
@@ -95,7 +96,7 @@ class DraInventory:
 
     def node_gone(self, name: str) -> None:
         self._bases.pop(name, None)
-        self._dra_gpus.pop(name, None)
+        self._dra_gpus.remember(name, None)
 
     def on_slice(self, event_type: str, body: Mapping[str, Any]) -> set[str]:
         """A ResourceSlice event; returns the nodes whose view changed."""
@@ -212,7 +213,7 @@ class DraInventory:
             else:
                 memory.pop(cls.name, None)
         if extended:
-            self._dra_gpus[node] = (frozenset(extended), frozenset(dra_ids))
+            self._dra_gpus.remember(node, (frozenset(extended), frozenset(dra_ids)))
         return dataclasses.replace(base, devices=devices, withheld=withheld, device_memory=memory)
 
     def _without_slices(self, base: inventory.NodeInfo) -> inventory.NodeInfo:
@@ -224,7 +225,7 @@ class DraInventory:
             return base
         extended, ids = memo
         if not any(d in self._allocated for d in ids):
-            del self._dra_gpus[base.name]
+            self._dra_gpus.remember(base.name, None)
             return base
         devices = {r: ids_ for r, ids_ in base.devices.items() if r not in extended}
         return dataclasses.replace(base, devices=devices)
@@ -345,4 +346,4 @@ class DraInventory:
     def _nodes_of(self, devices: Iterable[str]) -> set[str]:
         wanted = set(devices)
         return ({self._device_nodes[d] for d in wanted if d in self._device_nodes}
-                | {n for n, (_, ids) in self._dra_gpus.items() if ids & wanted})
+                | self._dra_gpus.nodes_of(wanted))
