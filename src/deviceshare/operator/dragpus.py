@@ -17,7 +17,8 @@ Memo = tuple[frozenset[str], frozenset[str]]  # (extended resources, device ids)
 class DraGpus:
     def __init__(self) -> None:
         self._by_node: dict[str, Memo] = {}
-        self._nodes: dict[str, set[str]] = {}  # device id -> the nodes whose memo names it
+        # device id -> the nodes whose memo names it (almost always one: a tuple is a fifth of a set's memory)
+        self._nodes: dict[str, tuple[str, ...]] = {}
 
     def get(self, node: str) -> Memo | None:
         return self._by_node.get(node)
@@ -28,16 +29,19 @@ class DraGpus:
         if old == memo:
             return
         for d in old[1] if old is not None else ():
-            nodes = self._nodes[d]
-            nodes.discard(node)
-            if not nodes:
+            nodes = tuple(n for n in self._nodes[d] if n != node)
+            if nodes:
+                self._nodes[d] = nodes
+            else:
                 del self._nodes[d]
         if memo is None:
             del self._by_node[node]
             return
         self._by_node[node] = memo
         for d in memo[1]:
-            self._nodes.setdefault(d, set()).add(node)
+            nodes = self._nodes.get(d, ())
+            if node not in nodes:
+                self._nodes[d] = (*nodes, node)
 
     def nodes_of(self, devices: Iterable[str]) -> set[str]:
         """The nodes whose memo names one of ``devices``."""
