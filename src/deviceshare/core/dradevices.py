@@ -15,9 +15,11 @@ field, and the caller decides (skip the device, report the slice).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
+import sys
 import types
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from deviceshare.core.dravalues import Quantity, Version
@@ -34,14 +36,14 @@ _SCALARS = {"bool": bool, "int": int, "string": str, "version": Version}
 _LISTS = {"bools": "bool", "ints": "int", "strings": "string", "versions": "version"}
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class CapacityRange:
     minimum: Quantity
     maximum: Quantity | None = None
     step: Quantity | None = None
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class CapacityRequestPolicy:
     """How a device that allows multiple allocations hands out this capacity (KEP-5075): a default request and
     either a list of valid values or a range."""
@@ -51,13 +53,13 @@ class CapacityRequestPolicy:
     valid_range: CapacityRange | None = None
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class DeviceCapacity:
     value: Quantity
     request_policy: CapacityRequestPolicy | None = None
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class DeviceTaint:
     key: str
     effect: str  # NoSchedule, NoExecute or None
@@ -65,7 +67,7 @@ class DeviceTaint:
     time_added: str | None = None
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class SliceDevice:
     """One device of a ResourceSlice. ``attributes`` and ``capacity`` are keyed by qualified name
     (``<domain>/<id>``); both mappings are read-only."""
@@ -121,31 +123,109 @@ def slice_devices(resource_slice: Mapping[str, Any]) -> tuple[SliceDevice, ...]:
 
 
 def parse_slice_device(driver: str, pool: str, device: Mapping[str, Any]) -> SliceDevice:
-    """One entry of a ResourceSlice's ``spec.devices`` (v1 field names) as a :class:`SliceDevice`."""
-    if not isinstance(device, Mapping):
+    """One entry of a ResourceSlice's ``spec.devices`` (v1 field names) as a :class:`SliceDevice`.
+
+    Cheap for the common shape (a restart folds every device of the cluster): an attribute written as one
+    well-formed scalar, a capacity with only a ``value`` string, are read without building messages, their
+    names, versions and capacities looked up in bounded caches (thousands of alike GPUs share them) and their
+    strings interned. Anything else goes the checking way, which names the field that is wrong; both give the
+    same values (tests/core/test_dra_devices_fast.py checks them against the reference reader).
+    """
+    if type(device) is not dict and not isinstance(device, Mapping):  # (an ABC's isinstance is slow: dict first)
         raise ValueError(f"device: must be an object, not {type(device).__name__}")
     name = device.get("name")
     if not isinstance(name, str) or not name:
         raise ValueError("device name: Required value")
-    where = f"device {name!r}"
+    raw_attributes, raw_capacity, raw_taints = device.get("attributes"), device.get("capacity"), device.get("taints")
     attributes: dict[str, DeviceAttribute] = {}
-    for key, raw in _object(device.get("attributes"), f"{where}: attributes").items():
-        qualified = _qualified_name(key, driver, f"{where}: attributes[{key!r}]")
-        attributes[qualified] = _attribute(raw, f"{where}: attributes[{key!r}]")
+    for key, raw in _fields(raw_attributes, name, "attributes"):
+        qualified = _checked_name(key, driver) if type(key) is str else None
+        value = _plain_attribute(raw)
+        if qualified is None or value is None:  # the checking way: the same value, or the error naming it
+            where = f"device {name!r}: attributes[{key!r}]"
+            qualified, value = _qualified_name(key, driver, where), _attribute(raw, where)
+        attributes[qualified] = value
     capacity: dict[str, DeviceCapacity] = {}
     shared = device.get("allowMultipleAllocations") is True
-    for key, raw in _object(device.get("capacity"), f"{where}: capacity").items():
-        qualified = _qualified_name(key, driver, f"{where}: capacity[{key!r}]")
-        capacity[qualified] = _capacity(raw, f"{where}: capacity[{key!r}]", shared=shared)
-    taints = tuple(_taint(t, f"{where}: taints[{i}]") for i, t in enumerate(_list(device.get("taints"),
-                                                                                   f"{where}: taints")))
+    for key, raw in _fields(raw_capacity, name, "capacity"):
+        qualified = _checked_name(key, driver) if type(key) is str else None
+        value_ = _plain_capacity(raw)
+        if qualified is None or value_ is None:
+            where = f"device {name!r}: capacity[{key!r}]"
+            qualified, value_ = _qualified_name(key, driver, where), _capacity(raw, where, shared=shared)
+        capacity[qualified] = value_
+    taints = () if raw_taints is None else tuple(
+        _taint(t, f"device {name!r}: taints[{i}]") for i, t in enumerate(_list(raw_taints, f"device {name!r}: taints")))
     node_name = device.get("nodeName")
     return SliceDevice(
-        driver=driver, pool=pool, name=name,
+        driver=driver, pool=pool, name=sys.intern(name) if type(name) is str else name,
         attributes=types.MappingProxyType(attributes), capacity=types.MappingProxyType(capacity),
         allow_multiple_allocations=shared, taints=taints, binds_to_node=device.get("bindsToNode") is True,
         node_name=node_name if isinstance(node_name, str) and node_name else None,
     )
+
+
+# -- the common shapes, without messages ----------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=4096)
+def _checked_name(key: str, driver: str) -> str | None:
+    """``_qualified_name`` of a valid name (one string shared by every device that has it); None: not valid."""
+    try:
+        return _qualified_name(key, driver, "")
+    except ValueError:
+        return None
+
+
+def _plain_attribute(raw: Any) -> DeviceAttribute | None:
+    """An attribute that is one valid scalar (``{"string": "Hopper"}``) as ``_attribute`` reads it; None for any
+    other shape (a list, two values, a wrong type: ``_attribute`` decides)."""
+    if type(raw) is not dict or len(raw) != 1:
+        return None
+    for kind, value in raw.items():
+        if kind == "string":
+            return sys.intern(value) if type(value) is str and len(value) <= ATTRIBUTE_MAX_VALUE_LENGTH else None
+        if kind == "int":
+            return value if type(value) is int else None
+        if kind == "bool":
+            return value if type(value) is bool else None
+        if kind == "version":
+            return _version(value) if type(value) is str and len(value) <= ATTRIBUTE_MAX_VALUE_LENGTH else None
+    return None
+
+
+@functools.lru_cache(maxsize=4096)
+def _version(text: str) -> Version | None:
+    try:
+        return Version.parse(text)
+    except ValueError:
+        return None
+
+
+def _plain_capacity(raw: Any) -> DeviceCapacity | None:
+    """A capacity that is only a valid ``value`` string, as ``_capacity`` reads it; None for any other shape."""
+    if type(raw) is not dict or len(raw) != 1:
+        return None
+    value = raw.get("value")
+    return _capacity_of(value) if type(value) is str else None
+
+
+@functools.lru_cache(maxsize=4096)
+def _capacity_of(text: str) -> DeviceCapacity | None:
+    try:
+        return DeviceCapacity(Quantity.parse(text))
+    except ValueError:
+        return None
+
+
+# -- the checking way ------------------------------------------------------------------------------------------------
+
+
+def _fields(value: Any, device: str, field: str) -> Iterable[tuple[Any, Any]]:
+    """The entries of a device's ``attributes`` or ``capacity`` (its message built only when it is wrong)."""
+    if type(value) is dict:
+        return value.items()
+    return () if value is None else _object(value, f"device {device!r}: {field}").items()
 
 
 def _object(value: Any, where: str) -> Mapping[str, Any]:

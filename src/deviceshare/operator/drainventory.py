@@ -36,6 +36,7 @@ from typing import Any
 from deviceshare.api import names
 from deviceshare.core import deviceselectors, eligibility, inventory
 
+from . import dragpus
 from .draobjects import (
     ClaimAllocation,
     ClaimBodies,
@@ -77,8 +78,10 @@ class DraInventory:
         self._bases: dict[str, inventory.NodeInfo] = {}  # what the Node object says, before DRA
         # node -> (the extended resources its DRA devices stood for, those devices) as last seen with slices: while
         # a claim still allocates one of them, a node whose slices went away (driver restart) does not offer them.
-        self._dra_gpus: dict[str, tuple[frozenset[str], frozenset[str]]] = {}
-        self._matches: dict[tuple[str, str, str], frozenset[str]] = {}  # (class, slice, version) -> device ids
+        self._dra_gpus = dragpus.DraGpus()
+        # (class, slice) -> (the slice's version, the device ids the class matches): one entry per slice, replaced
+        # when the slice changes, dropped when it goes (keyed by version, every update would leave one behind).
+        self._matches: dict[tuple[str, str], tuple[str, frozenset[str]]] = {}
         # A claim's selectors -> the devices of its class they match; cleared when a slice or class changes.
         self._excluded: dict[tuple[str, tuple[str, ...]], dict[str, frozenset[str]]] = {}
         self._narrowed: dict[tuple[str, tuple[str, ...]], eligibility.Narrowed] = {}  # restrict's memo per key
@@ -93,7 +96,7 @@ class DraInventory:
 
     def node_gone(self, name: str) -> None:
         self._bases.pop(name, None)
-        self._dra_gpus.pop(name, None)
+        self._dra_gpus.remember(name, None)
 
     def on_slice(self, event_type: str, body: Mapping[str, Any]) -> set[str]:
         """A ResourceSlice event; returns the nodes whose view changed."""
@@ -103,6 +106,9 @@ class DraInventory:
         self._narrowed.clear()
         self.generation += 1
         touched: set[str] = set()
+        if event_type == "DELETED":
+            for cls in self._classes:
+                self._matches.pop((cls, name), None)
         if old is not None and old.node:
             self._by_node.get(old.node, set()).discard(name)
             for d in old.devices:
@@ -185,6 +191,7 @@ class DraInventory:
         withheld: dict[str, frozenset[str]] = {}
         extended: set[str] = set()
         dra_ids: set[str] = set()
+        by_id = {d.id: d for s in slices for d in s.devices}
         for cls in sorted(self._classes.values(), key=lambda c: c.name):
             ids = [d for s in slices for d in self._class_devices(cls, s)]
             if not ids:
@@ -193,7 +200,6 @@ class DraInventory:
                 devices.pop(cls.extended_resource, None)  # those GPUs are DRA devices here: never offered twice
                 extended.add(cls.extended_resource)
                 dra_ids.update(ids)
-            by_id = {d.id: d for s in slices for d in s.devices}
             devices[cls.name] = tuple(ids)
             blocked = frozenset(d for d in ids if by_id[d].tainted or self._taken_by_others(d))
             if blocked:
@@ -207,7 +213,7 @@ class DraInventory:
             else:
                 memory.pop(cls.name, None)
         if extended:
-            self._dra_gpus[node] = (frozenset(extended), frozenset(dra_ids))
+            self._dra_gpus.remember(node, (frozenset(extended), frozenset(dra_ids)))
         return dataclasses.replace(base, devices=devices, withheld=withheld, device_memory=memory)
 
     def _without_slices(self, base: inventory.NodeInfo) -> inventory.NodeInfo:
@@ -219,7 +225,7 @@ class DraInventory:
             return base
         extended, ids = memo
         if not any(d in self._allocated for d in ids):
-            del self._dra_gpus[base.name]
+            self._dra_gpus.remember(base.name, None)
             return base
         devices = {r: ids_ for r, ids_ in base.devices.items() if r not in extended}
         return dataclasses.replace(base, devices=devices)
@@ -316,11 +322,11 @@ class DraInventory:
         return [s for s in slices if s.generation == newest[(s.driver, s.pool)]]
 
     def _class_devices(self, cls: DeviceClass, resource_slice: ResourceSlice) -> frozenset[str] | list[str]:
-        key = (cls.name, resource_slice.name, resource_slice.version)
-        cached = self._matches.get(key)
-        if cached is None:
-            cached = self._matches[key] = frozenset(
-                d.id for d in resource_slice.devices if self._matches_class(cls, d))
+        key = (cls.name, resource_slice.name)
+        version, cached = self._matches.get(key, (None, frozenset()))
+        if version != resource_slice.version:
+            cached = frozenset(d.id for d in resource_slice.devices if self._matches_class(cls, d))
+            self._matches[key] = (resource_slice.version, cached)
         return [d.id for d in resource_slice.devices if d.id in cached]  # in slice order
 
     @staticmethod
@@ -340,4 +346,4 @@ class DraInventory:
     def _nodes_of(self, devices: Iterable[str]) -> set[str]:
         wanted = set(devices)
         return ({self._device_nodes[d] for d in wanted if d in self._device_nodes}
-                | {n for n, (_, ids) in self._dra_gpus.items() if ids & wanted})
+                | self._dra_gpus.nodes_of(wanted))

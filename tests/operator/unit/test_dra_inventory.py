@@ -4,7 +4,10 @@ folded in, what is withheld, which claims are ours, and the claim selectors' ans
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Any
+
+import pytest
 
 from deviceshare.api import models
 from deviceshare.core import inventory
@@ -163,3 +166,38 @@ def test_a_gone_groups_claim_we_just_allocated_is_released_before_its_devices_ev
     assert draallocation.holds_claim(ctx, None, ("ml", "g"))
     ctx.dra.bodies.keep(("ml", "g"), {**written, "status": {}})  # cleared
     assert not draallocation.holds_claim(ctx, None, ("ml", "g"))
+
+
+def test_a_device_that_cannot_be_read_is_skipped_and_named_its_slice_mates_still_offered(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A driver's slice is input: an attribute with two values set (the API's validation refuses it; a
+    driver that skipped it, or a stale object, still shows it) makes that device unreadable, offered to no class
+    and named in the log; the rest of the slice, and the next node's, fold as usual."""
+    dra = inventory_with({})
+    body = slice_of("n1", gpus=3)
+    body["spec"]["devices"][1]["attributes"]["productName"] = {"string": "NVIDIA H100", "int": 1}
+    body["spec"]["devices"].append("not a device")
+    with caplog.at_level(logging.WARNING, logger="deviceshare.operator.draobjects"):
+        dra.on_slice("ADDED", body)
+    dra.on_slice("ADDED", slice_of("n2", gpus=1))
+    assert dra.node(builders.node("n1", gpus=3)).devices == {CLASS: ("n1/gpu-0", "n1/gpu-2")}
+    assert dra.node(builders.node("n2", gpus=1)).devices == {CLASS: ("n2/gpu-0",)}
+    assert any("n1-slice" in r.getMessage() and "gpu-1" in r.getMessage()
+               and "attributes['productName']: exactly one of" in r.getMessage() for r in caplog.records)
+    assert any("n1-slice" in r.getMessage() and "device name: Required value" in r.getMessage()
+               for r in caplog.records)
+
+
+def test_a_slice_updated_over_and_over_keeps_one_class_answer_and_none_once_deleted() -> None:
+    """The class's answer is kept per slice and replaced at each update (a health taint flapping updates a slice
+    every few seconds; kept per version, every update would leave one behind for the operator's lifetime)."""
+    dra = inventory_with({})
+    for version in range(1, 51):
+        dra.on_slice("MODIFIED", slice_of("n1", gpus=2, version=str(version), taint=version % 2))
+        info = dra.node(builders.node("n1", gpus=2))
+        assert info.withheld == {CLASS: frozenset({f"n1/gpu-{version % 2}"})}  # the update's taint, not a stale one
+    assert len(dra._matches) == 1  # one (class, slice) answer
+    dra.on_slice("DELETED", {"metadata": {"name": "n1-slice"}})
+    assert dra._matches == {}
+    assert dra.node(builders.node("n1", gpus=2)).devices == {builders.GPU: ("0", "1")}
