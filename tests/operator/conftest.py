@@ -17,7 +17,8 @@ from deviceshare.kube import connecting
 from deviceshare.nodeagent import agent, nvmlsource, publishing
 from deviceshare.operator.config import OperatorConfig
 from deviceshare.operator.process import OperatorThread
-from deviceshare.sandbox import Sandbox
+from deviceshare.sandbox import Sandbox, identity
+from deviceshare.sandbox import cluster as sandbox_cluster
 from tests import waiting
 from tests.nodeagent import fakenvml, servers
 from tests.operator.kube import Kube
@@ -29,8 +30,20 @@ def sandbox_options() -> dict[str, object]:
     return {"nodes": 4, "gpus": 8}
 
 
+POLICIES = Path(__file__).resolve().parents[2] / "manifests" / "base" / "admission-policy.yaml"
+
+
 @pytest.fixture
-async def cluster(tmp_path: Path, sandbox_options: dict[str, object]) -> AsyncIterator[Sandbox]:
+def policy_installed() -> bool:
+    """Override (or parametrize) True in a module: manifests/base's admission policies in the cluster, and the
+    operator writing as its service account (``operator_config``), as an install runs it."""
+    return False
+
+
+@pytest.fixture
+async def cluster(
+    tmp_path: Path, sandbox_options: dict[str, object], policy_installed: bool
+) -> AsyncIterator[Sandbox]:
     # A short bookmark interval also makes server-side watch handlers notice a gone client quickly;
     # Kopf waits up to 5 s at shutdown for tasks started after it, which in-process includes them.
     options = {
@@ -38,6 +51,9 @@ async def cluster(tmp_path: Path, sandbox_options: dict[str, object]) -> AsyncIt
         **sandbox_options,
     }
     async with Sandbox(**options) as sandbox:  # type: ignore[arg-type]
+        if policy_installed:
+            for doc in sandbox_cluster.load_manifests(POLICIES):
+                sandbox.create(doc)
         yield sandbox
 
 
@@ -48,8 +64,11 @@ async def kube(cluster: Sandbox) -> AsyncIterator[Kube]:
 
 
 def operator_config(cluster: Sandbox, **overrides: object) -> OperatorConfig:
+    """The test operator's settings; where admission policies are installed it writes as its service account (the
+    one they trust), else as the admin."""
+    policed = bool(cluster.list("validatingadmissionpolicybindings"))
     base = OperatorConfig(
-        kubeconfig=str(cluster.kubeconfig),
+        kubeconfig=str(cluster.kubeconfig_as(identity.OPERATOR_TOKEN) if policed else cluster.kubeconfig),
         metrics_port=None,
         backoff_initial=0.05,
         backoff_max=0.4,

@@ -28,6 +28,13 @@ def sandbox_options(request: pytest.FixtureRequest) -> dict[str, object]:
     return getattr(request, "param", {"nodes": 2, "gpus": 4, "dra": True})
 
 
+@pytest.fixture(params=[False, True], ids=["operator-alone", "policy-installed"])
+def policy_installed(request: pytest.FixtureRequest) -> bool:
+    """Each test also with manifests/base's policies, deviceshare-group-claims among them: the operator's own claim
+    writes (create, allocate, reserve, prune, clear, delete) pass them."""
+    return bool(request.param)
+
+
 def condition(group: dict[str, Any], kind: str = "Scheduled") -> dict[str, Any]:
     return next((c for c in (group.get("status") or {}).get("conditions") or [] if c["type"] == kind), {})
 
