@@ -34,24 +34,18 @@ POLICIES = Path(__file__).resolve().parents[2] / "manifests" / "base" / "admissi
 
 
 @pytest.fixture
-def policy_installed() -> bool:
-    """Override (or parametrize) True in a module: manifests/base's admission policies in the cluster, and the
-    operator writing as its service account (``operator_config``), as an install runs it."""
-    return False
-
-
-@pytest.fixture
-async def cluster(
-    tmp_path: Path, sandbox_options: dict[str, object], policy_installed: bool
-) -> AsyncIterator[Sandbox]:
+async def cluster(tmp_path: Path, sandbox_options: dict[str, object]) -> AsyncIterator[Sandbox]:
+    """A sandbox of ``sandbox_options``; with ``admission_policies: True`` among them, manifests/base's admission
+    policies installed (the operator then writes as its service account: ``operator_config``), as an install runs."""
     # A short bookmark interval also makes server-side watch handlers notice a gone client quickly;
     # Kopf waits up to 5 s at shutdown for tasks started after it, which in-process includes them.
     options = {
         "kubelet_delay": 0.01, "kubeconfig_path": tmp_path / "kubeconfig", "bookmark_interval": 0.1,
         **sandbox_options,
     }
+    policies = bool(options.pop("admission_policies", False))
     async with Sandbox(**options) as sandbox:  # type: ignore[arg-type]
-        if policy_installed:
+        if policies:
             for doc in sandbox_cluster.load_manifests(POLICIES):
                 sandbox.create(doc)
         yield sandbox
