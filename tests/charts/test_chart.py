@@ -45,11 +45,26 @@ def test_helm_lint_passes_strictly_in_each_certificate_mode(mode: str) -> None:
     ({"mps.enabled": "true"}, "mps.enabled needs nodeAgent.enabled"),
     ({"mps.root": "run/mps"}, "at '/mps/root': 'run/mps' does not match"),
     ({"operator.leaderElect": "false"}, "operator.replicas > 1 needs operator.leaderElect: true"),
+    ({"admissionPolicy.resourceClaimControllers": "system:kube-controller-manager"},
+     "at '/admissionPolicy/resourceClaimControllers': got string, want array"),
 ])
 def test_a_mistyped_or_unsupported_value_is_a_clear_error(values: dict[str, str], message: str) -> None:
     with pytest.raises(rendering.HelmError) as failed:
         rendering.template_text(values)
     assert message in str(failed.value)
+
+
+def test_the_group_claim_policy_trusts_the_release_namespaces_operator_and_the_controllers_given() -> None:
+    """The DRA claim policy's identities come from the release, as the other policies' do: the operator's service
+    account in the namespace installed into, and admissionPolicy.resourceClaimControllers."""
+    text = rendering.helm("template", rendering.RELEASE, str(CHART), "--namespace", "gpu-share",
+                          "--set=admissionPolicy.resourceClaimControllers={system:kube-controller-manager}").stdout
+    policy = kube_objects.one(rendering.objects(text), "ValidatingAdmissionPolicy", "deviceshare-group-claims")
+    expressions = "\n".join(v["expression"] for v in policy["spec"]["validations"])
+    assert "'system:serviceaccount:gpu-share:deviceshare-operator'" in expressions
+    assert "deviceshare-system" not in expressions
+    assert 'request.userInfo.username in ["system:kube-controller-manager"]' in expressions
+    assert "resource-claim-controller" not in expressions
 
 
 def test_chart_version_is_in_step_with_the_package() -> None:

@@ -250,3 +250,25 @@ def test_leader_election_needs_no_kopf_peering_and_only_a_namespaced_role(
 def test_the_shareddevicegroup_crd_is_installed(base_objects: list[kube_objects.KubeObject]) -> None:
     crd = kube_objects.one(base_objects, "CustomResourceDefinition", f"{names.PLURAL}.{names.GROUP}")
     assert crd["spec"]["names"]["kind"] == names.KIND
+
+
+def test_a_dra_group_claims_status_is_guarded_by_a_policy_that_fails_closed(
+    base_objects: list[kube_objects.KubeObject],
+) -> None:
+    """`kubectl apply -k manifests/base` installs deviceshare-group-claims (docs/security.md), bound to deny, on the
+    claims and their status subresource, trusting the operator's account and the resourceclaim controller's."""
+    policy = kube_objects.one(base_objects, "ValidatingAdmissionPolicy", "deviceshare-group-claims")
+    binding = kube_objects.one(base_objects, "ValidatingAdmissionPolicyBinding", "deviceshare-group-claims")
+    assert binding["spec"] == {"policyName": "deviceshare-group-claims", "validationActions": ["Deny"]}
+    spec = policy["spec"]
+    assert spec["failurePolicy"] == "Fail"
+    assert spec["matchConstraints"]["resourceRules"] == [{
+        "apiGroups": ["resource.k8s.io"], "apiVersions": ["*"], "operations": ["CREATE", "UPDATE"],
+        "resources": ["resourceclaims", "resourceclaims/status"]}]
+    rules = [v["messageExpression"].split(":")[0].removeprefix("'rule ") for v in spec["validations"]]
+    assert rules == ["group-claim-operator-made", "group-claim-marks-fixed", "group-claim-no-delete-protection",
+                     "group-claim-allocation-operator-only", "group-claim-reserved-for-operator-only"]
+    expressions = "\n".join(v["expression"] for v in spec["validations"])
+    assert f"'system:serviceaccount:{NS}:deviceshare-operator'" in expressions
+    assert '"system:serviceaccount:kube-system:resource-claim-controller"' in expressions
+    assert f"'{names.POD_GROUP_LABEL}' in object.metadata.labels" in spec["matchConditions"][0]["expression"]

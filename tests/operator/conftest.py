@@ -17,7 +17,8 @@ from deviceshare.kube import connecting
 from deviceshare.nodeagent import agent, nvmlsource, publishing
 from deviceshare.operator.config import OperatorConfig
 from deviceshare.operator.process import OperatorThread
-from deviceshare.sandbox import Sandbox
+from deviceshare.sandbox import Sandbox, identity
+from deviceshare.sandbox import cluster as sandbox_cluster
 from tests import waiting
 from tests.nodeagent import fakenvml, servers
 from tests.operator.kube import Kube
@@ -29,15 +30,24 @@ def sandbox_options() -> dict[str, object]:
     return {"nodes": 4, "gpus": 8}
 
 
+POLICIES = Path(__file__).resolve().parents[2] / "manifests" / "base" / "admission-policy.yaml"
+
+
 @pytest.fixture
 async def cluster(tmp_path: Path, sandbox_options: dict[str, object]) -> AsyncIterator[Sandbox]:
+    """A sandbox of ``sandbox_options``; with ``admission_policies: True`` among them, manifests/base's admission
+    policies installed (the operator then writes as its service account: ``operator_config``), as an install runs."""
     # A short bookmark interval also makes server-side watch handlers notice a gone client quickly;
     # Kopf waits up to 5 s at shutdown for tasks started after it, which in-process includes them.
     options = {
         "kubelet_delay": 0.01, "kubeconfig_path": tmp_path / "kubeconfig", "bookmark_interval": 0.1,
         **sandbox_options,
     }
+    policies = bool(options.pop("admission_policies", False))
     async with Sandbox(**options) as sandbox:  # type: ignore[arg-type]
+        if policies:
+            for doc in sandbox_cluster.load_manifests(POLICIES):
+                sandbox.create(doc)
         yield sandbox
 
 
@@ -48,8 +58,11 @@ async def kube(cluster: Sandbox) -> AsyncIterator[Kube]:
 
 
 def operator_config(cluster: Sandbox, **overrides: object) -> OperatorConfig:
+    """The test operator's settings; where admission policies are installed it writes as its service account (the
+    one they trust), else as the admin."""
+    policed = bool(cluster.list("validatingadmissionpolicybindings"))
     base = OperatorConfig(
-        kubeconfig=str(cluster.kubeconfig),
+        kubeconfig=str(cluster.kubeconfig_as(identity.OPERATOR_TOKEN) if policed else cluster.kubeconfig),
         metrics_port=None,
         backoff_initial=0.05,
         backoff_max=0.4,

@@ -23,9 +23,16 @@ NS = "ml"
 CLASS = dra.CLASS
 
 
+@pytest.fixture(params=[False, True], ids=["operator-alone", "policy-installed"])
+def policy_installed(request: pytest.FixtureRequest) -> bool:
+    """Each test also with manifests/base's policies, deviceshare-group-claims among them: the operator's own claim
+    writes (create, allocate, reserve, prune, clear, delete) pass them."""
+    return bool(request.param)
+
+
 @pytest.fixture
-def sandbox_options(request: pytest.FixtureRequest) -> dict[str, object]:
-    return getattr(request, "param", {"nodes": 2, "gpus": 4, "dra": True})
+def sandbox_options(request: pytest.FixtureRequest, policy_installed: bool) -> dict[str, object]:
+    return {**getattr(request, "param", {"nodes": 2, "gpus": 4, "dra": True}), "admission_policies": policy_installed}
 
 
 def condition(group: dict[str, Any], kind: str = "Scheduled") -> dict[str, Any]:

@@ -44,9 +44,17 @@ def webhook_limits() -> limits.Limits:
 
 
 @pytest.fixture
-async def sandbox(tmp_path: Path, policy_installed: bool) -> AsyncIterator[Sandbox]:
+def sandbox_overrides() -> dict[str, object]:
+    """Override in a test module for another cluster (``Sandbox`` options: DRA, more users...)."""
+    return {}
+
+
+@pytest.fixture
+async def sandbox(
+    tmp_path: Path, policy_installed: bool, sandbox_overrides: dict[str, object]
+) -> AsyncIterator[Sandbox]:
     options = {"nodes": 2, "gpus": 4, "shared_taint": True, "kubelet_delay": 0.01,
-               "kubeconfig_path": tmp_path / "kubeconfig", "bookmark_interval": 0.1}
+               "kubeconfig_path": tmp_path / "kubeconfig", "bookmark_interval": 0.1, **sandbox_overrides}
     async with Sandbox(**options) as box:  # type: ignore[arg-type]
         if policy_installed:
             for doc in sandbox_cluster.load_manifests(POLICY):
