@@ -91,6 +91,32 @@ def normalized(devices: Mapping[str, Sequence[str]]) -> dict[str, tuple[str, ...
     return {str(r): tuple(str(d) for d in ids) for r, ids in sorted(devices.items())}
 
 
+def requested(
+    devices: Mapping[str, Sequence[str]],
+    share: Mapping[str, capacity.Share] | None,
+    tiles: Mapping[str, Sequence[str]] | None,
+) -> tuple[dict[str, tuple[str, ...]], dict[str, capacity.Share], dict[str, tuple[str, ...]],
+           dict[str, dict[str, tuple[int, ...]]]]:
+    """A reservation's request in the ledger's form: (devices, shares, tiles, tile indices per device), each
+    sorted by resource; ValueError when a resource's devices repeat or tiles and devices do not match."""
+    wanted = normalized(devices)
+    shares = dict(sorted((share or {}).items()))
+    wanted_tiles = normalized(tiles or {})
+    for resource, ids in wanted.items():
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"device IDs of {resource} repeat: {list(ids)}")
+    return wanted, shares, wanted_tiles, tiles_by_device(wanted, shares, wanted_tiles)
+
+
+def already_holds(existing: Allocation, group: GroupKey) -> DeviceConflict:
+    """What a second, different reservation for a group that holds devices raises: one allocation per group."""
+    resource, ids = next(iter(existing.devices.items()), ("", ()))
+    return DeviceConflict(
+        existing.node, resource, ids[0] if ids else "", group,
+        f"group {names.key_text(group)} already holds devices on node {existing.node}; release them first",
+    )
+
+
 def render(devices: Mapping[str, Sequence[str]]) -> str:
     return "{" + ", ".join(f"{r}: {','.join(ids)}" for r, ids in sorted(devices.items())) + "}"
 

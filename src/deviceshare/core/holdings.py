@@ -2,9 +2,10 @@
 
 The ledger keeps ``held`` (device -> groups holding it whole; more than one only after a rebuild
 found it so) and ``uses`` (device -> the parts it gave out to sharing groups). What a reservation
-must pass, how an allocation is entered and taken out, and what a node has left follow from these
-two maps and the node's inventory alone; they live here so each reads (and is tested) without the
-ledger's locking, revisions and indexes around it.
+must pass, how an allocation is entered and taken out, what a node has left, who holds a device
+and which held devices the inventory no longer offers follow from these two maps and the node's
+inventory alone; they live here so each reads (and is tested) without the ledger's locking,
+revisions and indexes around it.
 """
 
 from __future__ import annotations
@@ -132,3 +133,23 @@ def left_on(
         if parts:
             partial[resource] = tuple(parts)
     return free, partial
+
+
+def holders(held: Held, uses: Uses, key: DeviceKey) -> tuple[GroupKey, ...]:
+    """Every group holding the device or a part of it: whole holders first, then sharers by name."""
+    use = uses.get(key)
+    return held.get(key, ()) + (use.groups if use is not None else ())
+
+
+def problems(held: Held, uses: Uses, nodes: Mapping[str, inventory.NodeInfo]) -> tuple[str, ...]:
+    """Held devices the inventory no longer (or never) offered, one line each."""
+    found = []
+    for key in sorted(set(held) | set(uses)):
+        node, resource, device = key
+        groups = ", ".join(map(names.key_text, holders(held, uses, key)))
+        info = nodes.get(node)
+        if info is None:
+            found.append(f"{resource}={device} on unknown node {node} is held by {groups}")
+        elif device not in info.devices.get(resource, ()):
+            found.append(f"{resource}={device} held by {groups} is not in node {node}'s inventory")
+    return tuple(found)

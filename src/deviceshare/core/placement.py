@@ -14,114 +14,39 @@ reference the fast path is tested against and benchmarked beside.
 A sharing group (``spec.share``) is placed by :mod:`shareplacement` through the same walk: nodes
 come from the ledger's indexes of partly used and wholly free devices, binpack packing shares onto
 partly used devices first. :class:`Policy` is the seam for other scoring (e.g. fragmentation-aware):
-:func:`place_by_policy` offers it every node that fits.
+:func:`place_by_policy` offers it every node that fits. What a decision is asked and answers (the request,
+placement, unschedulable, the policy seam) is in :mod:`placementterms`, re-exported here.
 """
 
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Protocol, cast, runtime_checkable
+from typing import cast
 
-from deviceshare.api import models
 from deviceshare.core import (
-    capacity,
     devicechoice,
     filterclasses,
     filters,
     inventory,
     linkscore,
+    placementterms,
     reasons,
     shareplacement,
 )
 from deviceshare.core import ledger as ledgers  # the parameter `ledger` is the DeviceLedger
 
-BINPACK = "binpack"
-SPREAD = "spread"
-NVIDIA_PREFIX = "nvidia.com/"  # MPS enforces shares of these devices (needs_mps)
-
-
-@dataclass(frozen=True, slots=True)
-class GroupRequest:
-    key: inventory.GroupKey
-    resources: Mapping[str, int]
-    node_selector: Mapping[str, str]
-    strategy: str = BINPACK  # binpack | spread
-    share: Mapping[str, capacity.Share] = field(default_factory=dict)  # resource -> share; absent: whole
-    mps: bool = False  # only nodes with an MPS control daemon ready (CONTRACT §9) may take it
-
-    @classmethod
-    def from_spec(cls, key: inventory.GroupKey, spec: models.GroupSpec, *, mps: bool = False) -> GroupRequest:
-        """``mps``: the operator enforces shares with MPS (``--mps``), so a compute or memory share of an
-        NVIDIA device goes only to a node that says ``deviceshare.io/mps: ready``."""
-        share = capacity.shares_from_spec(spec.share)
-        return cls(
-            key=key,
-            resources=spec.requested,  # a DRA group's: {DeviceClass: count} (CONTRACT §13)
-            node_selector=dict(spec.node_selector),
-            strategy=spec.scheduling_strategy,
-            share=share,
-            mps=mps and needs_mps(share),
-        )
-
-
-def needs_mps(share: Mapping[str, capacity.Share]) -> bool:
-    """A compute or memory share of an NVIDIA device: what an MPS control daemon enforces (tiles need none)."""
-    return any(
-        (s.compute_milli or s.memory_bytes) and r.startswith(NVIDIA_PREFIX) for r, s in share.items()
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class Placement:
-    node: str
-    devices: Mapping[str, tuple[str, ...]]
-    revision: int  # the ledger revision the decision was taken at
-    tiles: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # resource -> "<device>.<tile>"
-
-
-@dataclass(frozen=True, slots=True)
-class Unschedulable:
-    reasons: Mapping[str, int]  # reason -> number of nodes rejected for it (first failing reason)
-    total_nodes: int
-
-    def message(self) -> str:
-        """``0/12 nodes are available: 7 insufficient nvidia.com/gpu, 5 not in shared mode.``"""
-        if self.total_nodes == 0 and not self.reasons:
-            return f"0/0 nodes are available: {reasons.NO_NODES}."
-        counted = ", ".join(f"{n} {reason}" for reason, n in sorted(self.reasons.items()))
-        return f"0/{self.total_nodes} nodes are available: {counted}."
-
-
+# The terms of a decision (what is asked, what comes back, the policy seam) live in placementterms;
+# re-exported: what callers have always found here.
+BINPACK = placementterms.BINPACK
+SPREAD = placementterms.SPREAD
+NVIDIA_PREFIX = placementterms.NVIDIA_PREFIX
+GroupRequest = placementterms.GroupRequest
+needs_mps = placementterms.needs_mps
+Placement = placementterms.Placement
+Unschedulable = placementterms.Unschedulable
+Policy = placementterms.Policy
+IndexedPolicy = placementterms.IndexedPolicy
 choose_devices = devicechoice.choose_devices
-
-
-class Policy(Protocol):
-    """Chooses among the nodes that fit: the seam for scoring other than binpack/spread.
-
-    ``feasible`` holds every open node that passes all filters for the group, by name; return one
-    of them, or None to leave the group Pending. :func:`device_choice` gives the devices (and
-    tiles) the default order would take on a node; a policy may take its own.
-    """
-
-    def choose(
-        self, snapshot: ledgers.LedgerSnapshot, request: GroupRequest, feasible: Sequence[ledgers.NodeState]
-    ) -> Placement | None: ...
-
-
-@runtime_checkable
-class IndexedPolicy(Protocol):
-    """A policy that walks its own index instead of being offered every feasible node.
-
-    ``fits`` is the placement's full filter for the group's first pod (selector, taints, cpu and
-    memory, devices); the policy returns a placement on a node that passes it, or why none does.
-    """
-
-    def place(
-        self, snapshot: ledgers.LedgerSnapshot, request: GroupRequest, pod: inventory.PodDemand,
-        fits: Callable[[ledgers.NodeState], bool],
-    ) -> Placement | Unschedulable: ...
 
 
 def _failure(

@@ -208,6 +208,18 @@ def bucket_add(buckets: dict[int, tuple[Any, ...]], key: int, item: Any) -> None
     buckets[key] = (*bucket[:i], item, *bucket[i:])
 
 
+def index_entries(
+    info: inventory.NodeInfo,
+    free: Mapping[str, tuple[str, ...]],
+    partial: Mapping[str, tuple[capacity.DeviceLeft, ...]],
+) -> tuple[dict[str, int], frozenset[tuple[str, str, int, str]]]:
+    """What a node files in the two indexes: its wholly free devices counted, and its parts left
+    (:func:`part_entries`); nothing unless the node is open (shared, ready, not cordoned, valid inventory)."""
+    if not (info.shared and info.ready and not info.unschedulable and not info.problems):
+        return {}, frozenset()
+    return {r: len(ids) for r, ids in free.items() if ids}, part_entries(partial)
+
+
 def part_entries(partial: Mapping[str, tuple[capacity.DeviceLeft, ...]]) -> frozenset[tuple[str, str, int, str]]:
     """Index entries (resource, dimension, amount left, device) of the devices that can take more."""
     out = []

@@ -13,7 +13,9 @@ Each phase is one method of :class:`GroupPlacer`, called in order by the schedul
 - :meth:`~GroupPlacer.reserve`: the decision reserved in the ledger (the scheduler awaits nothing between the
   quota check and the reservation, so another group of the namespace cannot slip in between), then persisted in
   the group's status, conditional on its resourceVersion; a status write whose outcome stays unknown keeps the
-  reservation (``settling.py``). Another kind of claim reserved for the group would sit beside it here.
+  reservation (``settling.py``). Another kind of claim reserved for the group would sit beside it here;
+- :meth:`~GroupPlacer.unreserve`: when no pod of a group placed in this cycle could be bound, the placement undone,
+  status first (conditional), then the ledger (a DRA group's claim allocation cleared before the ledger's release).
 
 What the API answered and what follows from it for the operator's records is noted on the cycle's
 :class:`~.cyclechanges.CycleChanges`, not done here. Bind (or the post-filter when nothing fits) is the scheduler's.
@@ -22,6 +24,7 @@ What the API answered and what follows from it for the operator's records is not
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 
 from deviceshare.api import models, names
@@ -30,10 +33,12 @@ from deviceshare.core import gang, inventory, nominations, placement
 from deviceshare.core import ledger as ledgers
 from deviceshare.core import members as member_rules
 
-from . import draplacing, quotas, statuses, storage
+from . import draallocation, draplacing, quotas, settling, statuses, storage
 from . import state as state_
 from .context import Context
 from .cyclechanges import CycleChanges
+
+logger = logging.getLogger(__name__)
 
 # What a status write raises when it was certainly not applied (storage.errors): the API refused it (409, 404,
 # 400/403/422, a 429, another 4xx) or it never left (Fenced; a RetryLater for a connection never made). An
@@ -156,6 +161,41 @@ class GroupPlacer:
         changes.seen(persisted)
         changes.placed(group.key)
         return Placed(allocation, permitted.start.members)
+
+    async def unreserve(self, gkey: state_.GroupKey, why: str, changes: CycleChanges) -> None:
+        """Unreserve (kube-scheduler's name for undoing a reservation when a later phase fails): un-place a group none
+        of whose pods got bound, status first (conditional), then the ledger.
+
+        A 409 means the group changed: read again; while it still shows our claim, write again on top of it.
+        Any other failure keeps the devices held (the API may still show the claim): the group stays placed."""
+        ctx = self.ctx
+        allocation = ctx.ledger.allocation(gkey)
+        group = ctx.state.groups.get(gkey)
+        for _ in range(3):
+            if group is None or allocation is None or not settling.shows(group, allocation):
+                break  # the API does not show our claim (any more): nothing to undo there
+            try:
+                group = changes.seen(await ctx.api.patch_group_status(
+                    gkey, statuses.rolled_back(group, why), uid=group.uid, resource_version=group.resource_version
+                ))
+                break
+            except storage.Conflict:
+                group = await ctx.api.read_group_if_exists(gkey)
+            except storage.Gone:
+                break
+            except Exception as e:
+                logger.warning("could not roll back the placement of group %s/%s (devices stay held): %s", *gkey, e)
+                return
+        else:
+            logger.warning("group %s/%s kept changing while its placement was rolled back; devices stay held", *gkey)
+            return
+        if draallocation.holds_claim(ctx, group, gkey):  # DRA hook: the claim's allocation goes before the ledger's
+            try:
+                await draallocation.release_claim_allocation(ctx, gkey, allocation)
+            except Exception as e:
+                logger.warning("could not release the ResourceClaim of group %s/%s (devices stay held): %s", *gkey, e)
+                return
+        changes.released(gkey)
 
     def members(
         self, pod: state_.PodRecord, spec: models.GroupSpec, live: tuple[state_.PodRecord, ...]

@@ -39,7 +39,8 @@ in the group's status conditional on its resourceVersion (from here on a restart
 API), then each pod bound with a Binding that carries its device annotations (kube-apiserver's ``BindingREST``
 writes them with ``spec.nodeName``). A failure before the claim lands releases the reservation. If no pod of a
 freshly placed group got bound, its status is put back to Pending first (conditional) and only then are the
-devices released, so the API never shows a claim the ledger has already given away.
+devices released (:meth:`.placing.GroupPlacer.unreserve`), so the API never shows a claim the ledger has already
+given away.
 
 An outcome is never guessed (``storage`` reads back what a lost answer hid): a status write whose outcome stays
 unknown keeps its reservation (``settling.py``); a Binding whose outcome stays unknown keeps the group placed and
@@ -52,7 +53,6 @@ run again because a pod annotated after creation never met the webhook.
 from __future__ import annotations
 
 import dataclasses
-import enum
 import logging
 import time
 
@@ -60,7 +60,7 @@ from deviceshare.api import models, names
 from deviceshare.core import joining, placement
 from deviceshare.core import ledger as ledgers
 
-from . import draallocation, placing, preempting, quotas, settling, statuses, storage
+from . import draallocation, outcomes, placing, preempting, quotas, statuses, storage
 from . import state as state_
 from .context import Context
 from .cyclechanges import CycleChanges
@@ -68,21 +68,9 @@ from .cyclechanges import CycleChanges
 logger = logging.getLogger(__name__)
 
 
-class Result(enum.Enum):
-    BOUND = "bound"
-    UNSCHEDULABLE = "unschedulable"
-    SKIPPED = "skipped"  # not ours, already bound, deleted: nothing to do
-    RETRY = "retry"  # transient API failure
-    REFUSED = "refused"  # the API server refused a write (400/403/422): say so on the pod, retry with backoff
-
-
-@dataclasses.dataclass(frozen=True)
-class Outcome:
-    result: Result
-    message: str = ""
-    node: str | None = None
-    retry_after: float = 0.0
-    also_bound: tuple[state_.PodKey, ...] = ()  # other members bound in the same cycle (a gang's)
+# What a cycle answers, routed by the workers (``deciding.py``); re-exported: what callers have always found here.
+Result = outcomes.Result
+Outcome = outcomes.Outcome
 
 
 class PodScheduler:
@@ -267,8 +255,8 @@ class PodScheduler:
         if placed_now and all(o is not None and o.result is not Result.BOUND for o in outcomes):
             changes.apply()  # the members certainly not bound forgotten before the group's are counted
             if not ctx.state.members_on_devices(group.key):
-                await self._roll_back(group.key, "no pod of the group could be bound; it is placed again by its "
-                                      "next pod", changes)
+                await self.placer.unreserve(group.key, "no pod of the group could be bound; it is placed again by "
+                                            "its next pod", changes)
         if error is not None:
             raise error
         first = outcomes[0]
@@ -326,37 +314,3 @@ class PodScheduler:
         # kube-scheduler's Scheduled event. The group's placement is in its status (``Scheduled`` condition).
         changes.bound(pod, group.name, allocation, annotations)
         return Outcome(Result.BOUND, node=allocation.node)
-
-    async def _roll_back(self, gkey: state_.GroupKey, why: str, changes: CycleChanges) -> None:
-        """Un-place a group none of whose pods got bound: status first (conditional), then the ledger.
-
-        A 409 means the group changed: read again; while it still shows our claim, write again on top of it.
-        Any other failure keeps the devices held (the API may still show the claim): the group stays placed."""
-        ctx = self.ctx
-        allocation = ctx.ledger.allocation(gkey)
-        group = ctx.state.groups.get(gkey)
-        for _ in range(3):
-            if group is None or allocation is None or not settling.shows(group, allocation):
-                break  # the API does not show our claim (any more): nothing to undo there
-            try:
-                group = changes.seen(await ctx.api.patch_group_status(
-                    gkey, statuses.rolled_back(group, why), uid=group.uid, resource_version=group.resource_version
-                ))
-                break
-            except storage.Conflict:
-                group = await ctx.api.read_group_if_exists(gkey)
-            except storage.Gone:
-                break
-            except Exception as e:
-                logger.warning("could not roll back the placement of group %s/%s (devices stay held): %s", *gkey, e)
-                return
-        else:
-            logger.warning("group %s/%s kept changing while its placement was rolled back; devices stay held", *gkey)
-            return
-        if draallocation.holds_claim(ctx, group, gkey):  # DRA hook: the claim's allocation goes before the ledger's
-            try:
-                await draallocation.release_claim_allocation(ctx, gkey, allocation)
-            except Exception as e:
-                logger.warning("could not release the ResourceClaim of group %s/%s (devices stay held): %s", *gkey, e)
-                return
-        changes.released(gkey)
