@@ -166,7 +166,8 @@ def over_budget(
     ``previous`` is the group's resources before an update: a resource it does not raise is not
     checked. ``counted``: what the quotas' ``status.used`` may already count of this group's own
     ResourceClaim (a DRA group's, see the module docstring): nothing for a group being created, its
-    previous request for an update, its request once it exists (the operator's check).
+    previous request for an update, what quota admission charged its claim if that exists (the
+    operator's check, :func:`claim_devices`).
     """
     held: dict[str, int] = {}
     for other in others:
