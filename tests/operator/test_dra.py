@@ -286,6 +286,18 @@ async def test_preemption_evicts_exactly_the_group_whose_device_the_claim_select
     assert registry.get_sample_value("deviceshare_preemption_victims_total") == 1
 
 
+async def _b_refused_for_quota(kube: Kube) -> None:
+    """Group b, asking for 2 devices where ResourceClaims take 2 of quota h100s's 3, is not placed, as it says."""
+    await dra.create_dra_group(kube, NS, "b", 2)
+    await dra.create_member(kube, NS, "b-0", "b")
+    waited = await kube.wait_group(NS, "b", lambda g: "device budget" in condition(g).get("message", ""),
+                                   "the group's status names the quota")
+    assert condition(waited)["message"] == (
+        f'SharedDeviceGroup "b" would put namespace {NS} over its device budget: ResourceQuota "h100s" allows '
+        f"{CLASS}.deviceclass.resource.k8s.io/devices 3, ResourceClaims take 2, this group's claim asks for 2")
+    assert not waited["status"].get("allocatedDevices")
+
+
 async def test_a_dra_group_over_its_namespace_claim_quota_is_not_placed(
     cluster: Sandbox, kube: Kube, operator: RunningOperator
 ) -> None:
@@ -301,14 +313,7 @@ async def test_a_dra_group_over_its_namespace_claim_quota_is_not_placed(
     await dra.create_member(kube, NS, "a-0", "a")
     await kube.wait_bound(NS, "a-0")
 
-    await dra.create_dra_group(kube, NS, "b", 2)  # 2 + 2 > 3, on a cluster with 6 devices free
-    await dra.create_member(kube, NS, "b-0", "b")
-    waited = await kube.wait_group(NS, "b", lambda g: "device budget" in condition(g).get("message", ""),
-                                   "the group's status names the quota")
-    assert condition(waited)["message"] == (
-        f'SharedDeviceGroup "b" would put namespace {NS} over its device budget: ResourceQuota "h100s" allows '
-        f"{CLASS}.deviceclass.resource.k8s.io/devices 3, ResourceClaims take 2, this group's claim asks for 2")
-    assert not waited["status"].get("allocatedDevices")
+    await _b_refused_for_quota(kube)  # 2 + 2 > 3, on a cluster with 6 devices free
     # kube-apiserver's own quota admission refused b's claim (the sandbox's, after resource_claims.go's Usage).
     refused = await kube.wait_group(NS, "b", lambda g: bool(condition(g, "ClaimProblem")), "the claim's refusal")
     assert "exceeded quota: h100s, requested: gpu.nvidia.com.deviceclass.resource.k8s.io/devices=2, used: " \
@@ -344,14 +349,7 @@ async def test_a_dra_group_whose_claim_the_quota_refused_holds_no_devices(
     await kube.wait_for(lambda: any(q.used.get(CLASS) == 2 for q in scheduler.quotas.quotas(NS)),
                         "the operator to see the tenant's claim counted")
 
-    await dra.create_dra_group(kube, NS, "b", 2)  # 2 + 2 > 3, on a cluster with 8 devices free
-    await dra.create_member(kube, NS, "b-0", "b")
-    waited = await kube.wait_group(NS, "b", lambda g: "device budget" in condition(g).get("message", ""),
-                                   "the group's status names the quota")
-    assert condition(waited)["message"] == (
-        f'SharedDeviceGroup "b" would put namespace {NS} over its device budget: ResourceQuota "h100s" allows '
-        f"{CLASS}.deviceclass.resource.k8s.io/devices 3, ResourceClaims take 2, this group's claim asks for 2")
-    assert not waited["status"].get("allocatedDevices")
+    await _b_refused_for_quota(kube)  # 2 + 2 > 3, on a cluster with 8 devices free
     assert operator.memo.runtime.ctx.ledger.allocation((NS, "b")) is None
 
 
