@@ -293,6 +293,18 @@ async def test_preemption_evicts_exactly_the_group_whose_device_the_claim_select
     assert registry.get_sample_value("deviceshare_preemption_victims_total") == 1
 
 
+async def _b_refused_for_quota(kube: Kube) -> None:
+    """Group b, asking for 2 devices where ResourceClaims take 2 of quota h100s's 3, is not placed, as it says."""
+    await dra.create_dra_group(kube, NS, "b", 2)
+    await dra.create_member(kube, NS, "b-0", "b")
+    waited = await kube.wait_group(NS, "b", lambda g: "device budget" in condition(g).get("message", ""),
+                                   "the group's status names the quota")
+    assert condition(waited)["message"] == (
+        f'SharedDeviceGroup "b" would put namespace {NS} over its device budget: ResourceQuota "h100s" allows '
+        f"{CLASS}.deviceclass.resource.k8s.io/devices 3, ResourceClaims take 2, this group's claim asks for 2")
+    assert not waited["status"].get("allocatedDevices")
+
+
 async def test_a_dra_group_over_its_namespace_claim_quota_is_not_placed(
     cluster: Sandbox, kube: Kube, operator: RunningOperator
 ) -> None:
@@ -308,14 +320,7 @@ async def test_a_dra_group_over_its_namespace_claim_quota_is_not_placed(
     await dra.create_member(kube, NS, "a-0", "a")
     await kube.wait_bound(NS, "a-0")
 
-    await dra.create_dra_group(kube, NS, "b", 2)  # 2 + 2 > 3, on a cluster with 6 devices free
-    await dra.create_member(kube, NS, "b-0", "b")
-    waited = await kube.wait_group(NS, "b", lambda g: "device budget" in condition(g).get("message", ""),
-                                   "the group's status names the quota")
-    assert condition(waited)["message"] == (
-        f'SharedDeviceGroup "b" would put namespace {NS} over its device budget: ResourceQuota "h100s" allows '
-        f"{CLASS}.deviceclass.resource.k8s.io/devices 3, ResourceClaims take 2, this group's claim asks for 2")
-    assert not waited["status"].get("allocatedDevices")
+    await _b_refused_for_quota(kube)  # 2 + 2 > 3, on a cluster with 6 devices free
     # kube-apiserver's own quota admission refused b's claim (the sandbox's, after resource_claims.go's Usage).
     refused = await kube.wait_group(NS, "b", lambda g: bool(condition(g, "ClaimProblem")), "the claim's refusal")
     assert "exceeded quota: h100s, requested: gpu.nvidia.com.deviceclass.resource.k8s.io/devices=2, used: " \
@@ -328,6 +333,31 @@ async def test_a_dra_group_over_its_namespace_claim_quota_is_not_placed(
     await kube.delete_group(NS, "a")
     await kube.wait_bound(NS, "b-0")
     assert len(dra.allocated(await dra.claim(kube, NS, "b-devices"))) == 2
+
+
+async def test_a_dra_group_whose_claim_the_quota_refused_holds_no_devices(
+    cluster: Sandbox, kube: Kube, operator: RunningOperator
+) -> None:
+    """A claim that is not a group's takes 2 of the quota's 3: the group asking for 2 cannot have its claim (quota
+    admission refuses it), so the operator must not hold 2 devices for it either. ``status.used`` does not count a
+    claim that was never made: nothing of it is to be taken off."""
+    await kube.ensure_namespace(NS)
+    cluster.create({"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "h100s", "namespace": NS},
+                    "spec": {"hard": {f"{CLASS}.deviceclass.resource.k8s.io/devices": "3"}}})
+    scheduler = operator.memo.runtime.scheduler
+    await kube.wait_for(lambda: any(q.used.get(CLASS) == 0 for q in scheduler.quotas.quotas(NS)),
+                        "the operator to see the quota counted")
+    tenants_own = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                   "metadata": {"name": "tenants-own", "namespace": NS},
+                   "spec": {"devices": {"requests": [{"name": "devices", "exactly": {
+                       "deviceClassName": CLASS, "allocationMode": "ExactCount", "count": 2}}]}}}
+    await kube._json(kube.custom.create_namespaced_custom_object(  # through quota admission, which charges it
+        "resource.k8s.io", "v1", NS, "resourceclaims", tenants_own, _preload_content=False))
+    await kube.wait_for(lambda: any(q.used.get(CLASS) == 2 for q in scheduler.quotas.quotas(NS)),
+                        "the operator to see the tenant's claim counted")
+
+    await _b_refused_for_quota(kube)  # 2 + 2 > 3, on a cluster with 8 devices free
+    assert operator.memo.runtime.ctx.ledger.allocation((NS, "b")) is None
 
 
 @pytest.mark.parametrize("sandbox_options", [{"nodes": 1, "gpus": 1, "dra": True, "dra_shared": True}],

@@ -73,12 +73,43 @@ def test_a_dra_group_is_refused_as_kube_apiserver_would_refuse_its_claim() -> No
                     "spec": {"hard": {f"{cls}.deviceclass.resource.k8s.io/devices": "3"}},
                     "status": {"used": {f"{cls}.deviceclass.resource.k8s.io/devices": "3"}}}  # a's 2, b's own 1
     budget = [q for q in [budget_.quota_from_object(claims_quota)] if q]
-    assert quotas.refusal(ledger, ("ml", "b"), {cls: 1}, budget) is None
-    assert quotas.refusal(ledger, ("ml", "b"), {cls: 2}, budget) == (
+    b_claim = {cls: 1}  # b's own claim, made: status.used counts it
+    assert quotas.refusal(ledger, ("ml", "b"), {cls: 1}, budget, b_claim) is None
+    assert quotas.refusal(ledger, ("ml", "b"), {cls: 2}, budget, b_claim) == (
         'SharedDeviceGroup "b" would put namespace ml over its device budget: ResourceQuota "h100s" allows '
         f"{cls}.deviceclass.resource.k8s.io/devices 3, ResourceClaims take 2, this group's claim asks for 2"
     )
     assert quotas.refusal(ledger, ("ml", "b"), {GPU: 2}, budget) is None  # the class's quota, not the plugin's
+
+
+def test_a_dra_group_whose_claim_is_not_made_is_charged_all_it_asks() -> None:
+    """status.used counts only claims that exist: a group whose claim is not made yet, or was refused for the quota,
+    has nothing in it to take off. A tenant's own claim takes 2 of 3: a group asking 2 would be refused its claim."""
+    cls = "gpu.nvidia.com"
+    ledger = ledgers.DeviceLedger()
+    ledger.upsert_node(node("n1", gpus=0, extra={cls: ("p/gpu-0", "p/gpu-1", "p/gpu-2", "p/gpu-3")}))
+    claims_quota = {"metadata": {"namespace": "ml", "name": "h100s"},
+                    "spec": {"hard": {f"{cls}.deviceclass.resource.k8s.io/devices": "3"}},
+                    "status": {"used": {f"{cls}.deviceclass.resource.k8s.io/devices": "2"}}}  # a tenant's claim
+    budget = [q for q in [budget_.quota_from_object(claims_quota)] if q]
+    assert quotas.refusal(ledger, ("ml", "b"), {cls: 2}, budget) == (
+        'SharedDeviceGroup "b" would put namespace ml over its device budget: ResourceQuota "h100s" allows '
+        f"{cls}.deviceclass.resource.k8s.io/devices 3, ResourceClaims take 2, this group's claim asks for 2"
+    )
+    assert quotas.refusal(ledger, ("ml", "b"), {cls: 1}, budget) is None
+
+
+def test_the_claim_devices_quota_admission_charges() -> None:
+    cls = "gpu.nvidia.com"
+    claim = {"spec": {"devices": {"requests": [
+        {"name": "a", "exactly": {"deviceClassName": cls, "allocationMode": "ExactCount", "count": 2}},
+        {"name": "b", "exactly": {"deviceClassName": cls}},  # count defaults to 1
+        {"name": "c", "exactly": {"deviceClassName": "other"}},
+        {"name": "d", "firstAvailable": [{"deviceClassName": cls, "count": 3}, {"deviceClassName": cls}]},
+    ]}}}
+    assert budget_.claim_devices(claim, cls) == 2 + 1 + 3
+    all_mode = {"spec": {"devices": {"requests": [{"exactly": {"deviceClassName": cls, "allocationMode": "All"}}]}}}
+    assert budget_.claim_devices(all_mode, cls) == 32
 
 
 @settings(max_examples=60, deadline=None)

@@ -54,6 +54,27 @@ def quota_name(resource: str) -> str:
     return f"{resource}{CLAIM_QUOTA_SUFFIX}" if is_device_class(resource) else f"{QUOTA_PREFIX}{resource}"
 
 
+ALL_DEVICES = 32  # resourceapi.AllocationResultsMaxSize: what a claim's allocationMode All is charged
+
+
+def claim_devices(claim: Mapping[str, Any], device_class: str) -> int:
+    """What quota admission charged a ResourceClaim on ``<device_class>.deviceclass.resource.k8s.io/devices`` (the
+    evaluator's ``Usage``: an ExactCount request its count, All 32, a ``firstAvailable`` list its largest
+    alternative of the class)."""
+    devices = 0
+    for request in ((claim.get("spec") or {}).get("devices") or {}).get("requests") or ():
+        alternatives = request.get("firstAvailable") or ([request["exactly"]] if request.get("exactly") else [])
+        most = 0
+        for sub in alternatives:
+            if sub.get("deviceClassName") != device_class:
+                continue
+            mode = sub.get("allocationMode") or "ExactCount"
+            charged = int(sub.get("count") or 1) if mode == "ExactCount" else ALL_DEVICES if mode == "All" else 0
+            most = max(most, charged)
+        devices += most
+    return devices
+
+
 @dataclasses.dataclass(frozen=True)
 class Quota:
     """One ResourceQuota, reduced to its device limits."""
@@ -145,7 +166,8 @@ def over_budget(
     ``previous`` is the group's resources before an update: a resource it does not raise is not
     checked. ``counted``: what the quotas' ``status.used`` may already count of this group's own
     ResourceClaim (a DRA group's, see the module docstring): nothing for a group being created, its
-    previous request for an update, its request once it exists (the operator's check).
+    previous request for an update, what quota admission charged its claim if that exists (the
+    operator's check, :func:`claim_devices`).
     """
     held: dict[str, int] = {}
     for other in others:

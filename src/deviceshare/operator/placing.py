@@ -70,6 +70,7 @@ class PreFiltered:
 
     group: state_.GroupRecord
     budget: list[budget_.Quota]
+    counted: dict[str, int] = dataclasses.field(default_factory=dict)  # of the group's own claim, by status.used
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,10 +99,12 @@ class GroupPlacer:
                 return NotPlaced(short.message())
         await draplacing.prepare(self.ctx, spec)  # DRA hook: claim selectors evaluated off the event loop
         budget = await quotas.read(self.quotas, self.ctx.api, group.key[0])
+        counted = await quotas.own_claim_counted(
+            self.ctx.api, group.key, spec.claim.device_class_name if spec.claim is not None else None, budget)
         marked = await self._ensure_finalizer(group, spec, changes)
         if marked is None:
             return NotPlaced("the group changed while its finalizer was added", retry=True)
-        return PreFiltered(marked, budget)
+        return PreFiltered(marked, budget, counted)
 
     def permit(
         self, pod: state_.PodRecord, pre: PreFiltered, spec: models.GroupSpec, view: state_.GroupView
@@ -109,7 +112,8 @@ class GroupPlacer:
         """Quota, then filter + score + permit in one core call (``gang.permit``) on the ledger's snapshot as this
         group sees it: a decision, nothing held. ``view``: the group's members, read after the last await."""
         ctx, group = self.ctx, pre.group
-        over = quotas.refusal(ctx.ledger, group.key, spec.requested, pre.budget) or draplacing.refusal(spec)
+        over = (quotas.refusal(ctx.ledger, group.key, spec.requested, pre.budget, pre.counted)
+                or draplacing.refusal(spec))
         if over is not None:
             return NotPlaced(over)
         request = placement.GroupRequest.from_spec(group.key, spec, mps=ctx.config.mps)

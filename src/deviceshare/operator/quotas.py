@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from deviceshare.api import names
 from deviceshare.core import budget
 from deviceshare.core import ledger as ledgers
 
@@ -64,10 +65,26 @@ async def read(cache: QuotaCache, api: storage.ClusterApi, namespace: str) -> li
     return [q for q in quotas if q is not None]
 
 
+async def own_claim_counted(
+    api: storage.ClusterApi, gkey: GroupKey, device_class: str | None, quotas: list[budget.Quota]
+) -> dict[str, int]:
+    """What the quotas' ``status.used`` already counts of the group's own ResourceClaim (``<group>-devices``, a DRA
+    group's): its devices of ``device_class`` once the claim exists (quota admission charged it when it was made);
+    nothing while it does not (not made yet, or refused for the quota): those devices are still to be charged, and
+    subtracting them would let a group be placed whose claim kube-apiserver refuses. Read only where a quota limits
+    the class."""
+    if device_class is None or not any(device_class in q.hard for q in quotas):
+        return {}
+    claim = await api.read_claim((gkey[0], names.claim_name(gkey[1])))
+    return {} if claim is None else {device_class: budget.claim_devices(claim, device_class)}
+
+
 def refusal(
-    ledger: ledgers.DeviceLedger, gkey: GroupKey, resources: Mapping[str, int], quotas: list[budget.Quota]
+    ledger: ledgers.DeviceLedger, gkey: GroupKey, resources: Mapping[str, int], quotas: list[budget.Quota],
+    counted: Mapping[str, int] | None = None,
 ) -> str | None:
-    """Why placing ``gkey`` (asking for ``resources``) would break a quota of its namespace, or ``None``."""
+    """Why placing ``gkey`` (asking for ``resources``) would break a quota of its namespace, or ``None``.
+    ``counted``: what ``status.used`` already counts of the group's own claim (:func:`own_claim_counted`)."""
     if not quotas:
         return None
     namespace, name = gkey
@@ -76,7 +93,7 @@ def refusal(
         for a in ledger.allocations()
         if a.group[0] == namespace and a.group != gkey
     ]
-    over = budget.over_budget(namespace, name, resources, held, quotas, counted=resources)
+    over = budget.over_budget(namespace, name, resources, held, quotas, counted=counted)
     if over is None:
         return None
     allows = f'ResourceQuota "{over.quota}" allows {budget.quota_name(over.resource)} {over.hard}'
