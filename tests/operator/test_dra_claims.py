@@ -3,11 +3,15 @@ else's, and deleted at release only once the API shows nothing holds it; observe
 
 from __future__ import annotations
 
+import asyncio
+import itertools
+import time
 from typing import Any
 
 import pytest
 
 from deviceshare.api import names
+from deviceshare.operator import draclaims
 from deviceshare.sandbox import Sandbox
 from tests.operator.kube import Kube
 from tests.sandbox.dra_objects import allocation, consumer
@@ -175,3 +179,28 @@ async def test_an_allocated_claim_someone_deletes_keeps_our_finalizer_while_it_i
     held = cluster.get("resourceclaims", "trainer-devices", NS)
     assert held is not None and held["metadata"]["finalizers"] == [names.GROUP_FINALIZER]
     assert held["status"]["allocation"]["devices"]["results"][0]["device"] == "gpu-0"
+
+
+async def test_a_refused_claim_is_asked_for_again_less_and_less_often(
+    kube: Kube, cluster: Sandbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A claim the API server refuses (here a selector that does not compile; a full quota alike) is not POSTed
+    again every second for as long as it is refused: each retry waits twice as long as the last, as a controller's
+    rate-limited workqueue does. The base is shortened so the doubling shows in a second."""
+    monkeypatch.setattr(draclaims, "RECHECK_S", 0.1)
+    path = f"/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaims"
+
+    def posts() -> int:
+        return sum(1 for r in cluster.api if str(r.method.value) == "POST" and r.url.path == path)
+
+    await create_dra_group(kube, "typo", claim={"deviceClassName": "gpu.nvidia.com", "count": 1,
+                                                "selectors": ["device.attributes['gpu.nvidia.com'].productName ==="]})
+    seen: list[float] = []
+    async with asyncio.timeout(60):
+        while len(seen) < 5:  # the time each refused POST is first seen (polled: each gap +- 5 ms)
+            if posts() > len(seen):
+                seen.append(time.monotonic())
+            await asyncio.sleep(0.005)
+    gaps = [later - earlier for earlier, later in itertools.pairwise(seen)]
+    assert gaps[-1] >= 0.7, f"retries {gaps} did not back off (0.1, 0.2, 0.4, 0.8 s expected)"
+    assert gaps[-1] > 2 * gaps[0]

@@ -40,6 +40,10 @@ logger = logging.getLogger(__name__)
 
 CONDITION = "ClaimProblem"
 RECHECK_S = 1.0  # how soon a claim that is not ready to go (allocated, or being deleted) is looked at again
+# A claim the API server refused (its quota full, a selector that does not compile) is asked for again after 1, 2,
+# 4 ... seconds, at most this far apart, as a controller's rate-limited workqueue backs off (client-go's
+# exponential failure limiter): a full quota is not met by a POST a second per group. A spec change starts over.
+REFUSED_RECHECK_MAX_S = 16.0
 
 
 def claim_key(gkey: state_.GroupKey) -> ClaimKey:
@@ -123,6 +127,7 @@ class GroupClaims:
         self.ctx = ctx
         self._request_later = request_later
         self._good: dict[state_.GroupKey, tuple[str, int]] = {}  # (group uid, generation) whose claim is in place
+        self._refused: dict[state_.GroupKey, tuple[str, int, int]] = {}  # (uid, generation, refusals in a row)
 
     def known(self, gkey: state_.GroupKey) -> bool:
         """Whether this reconciler made or saw a claim for the group (its key outlives the group's record)."""
@@ -168,6 +173,7 @@ class GroupClaims:
         elif names.GROUP_FINALIZER not in (_meta(claim).get("finalizers") or ()):
             await self._finalizers(key, claim, [*(_meta(claim).get("finalizers") or ()), names.GROUP_FINALIZER])
         self._good[group.key] = (group.uid, group.generation)
+        self._refused.pop(group.key, None)
         return await self._clear(group)
 
     async def release(self, gkey: state_.GroupKey) -> bool:
@@ -176,6 +182,7 @@ class GroupClaims:
         key = claim_key(gkey)
         claim = await self.ctx.api.read_claim(key)
         owner = None if claim is None else group_owner(claim)
+        self._refused.pop(gkey, None)
         if claim is None or owner is None or owner[0] != gkey[1]:
             self._good.pop(gkey, None)
             return True  # none, or not a group's of this name: never ours to delete
@@ -223,8 +230,9 @@ class GroupClaims:
             return
 
     async def _problem(self, group: state_.GroupRecord, reason: str, message: str) -> state_.GroupRecord:
-        """Say on the group (condition and event) why its claim is not in place, and look again later."""
-        self._request_later(group.key, RECHECK_S)
+        """Say on the group (condition and event) why its claim is not in place, and look again later (a refused
+        create later each time in a row, see ``REFUSED_RECHECK_MAX_S``)."""
+        self._request_later(group.key, self._recheck(group, reason))
         shown = group.status.condition(CONDITION)
         if shown is not None and shown.status == "True" and shown.reason == reason and shown.message == message:
             return group
@@ -233,6 +241,15 @@ class GroupClaims:
             conditions_.wire_conditions(group.status.conditions), CONDITION, "True", reason, message, group.generation
         )
         return await self._write_conditions(group, conditions)
+
+    def _recheck(self, group: state_.GroupRecord, reason: str) -> float:
+        if reason != "ClaimRefused":
+            return RECHECK_S
+        uid, generation, refusals = self._refused.get(group.key, (group.uid, group.generation, 0))
+        if (uid, generation) != (group.uid, group.generation):
+            refusals = 0
+        self._refused[group.key] = (group.uid, group.generation, refusals + 1)
+        return min(RECHECK_S * 2.0 ** min(refusals, 16), REFUSED_RECHECK_MAX_S)
 
     async def _clear(self, group: state_.GroupRecord) -> state_.GroupRecord:
         if group.status.condition(CONDITION) is None:
