@@ -2,13 +2,16 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
+# pytest-xdist workers for `make test` and `make test-stress`: CI's 2 cores. TEST_WORKERS=0 runs the suite in
+# one process (as plain `pytest` does).
+TEST_WORKERS ?= 2
 STAMP  := $(VENV)/.installed
 
 .PHONY: help venv test test-stress lint helm manifests demo sandbox bench soak e2e image clean monitoring
 
 help:
 	@echo "make demo   - sandbox cluster + operator + webhook, shows groups bound with their devices"
-	@echo "make test   - lint, type-check and the whole test suite"
+	@echo "make test   - lint, type-check and the whole test suite on 2 pytest-xdist workers (TEST_WORKERS=0: one process)"
 	@echo "make test-stress - the suite 3x with every core busy (CPU hog), 3x on one core; ~30 min, not in CI"
 	@echo "make bench  - benchmarks; writes docs/benchmarks.md"
 	@echo "make soak   - 30 minutes of churn against the sandbox"
@@ -38,13 +41,13 @@ manifests: helm
 	$(BIN)/python -m tests.charts.rendering
 
 test: lint helm
-	@$(BIN)/python -m pytest -q $(PYTEST_ARGS); rc=$$?; \
+	@$(BIN)/python -m pytest -q -n $(TEST_WORKERS) $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests - that is a failure" >&2; fi; \
 	exit $$rc
 
 # Not run by .ci/run: six whole-suite runs on a slowed machine take ~30 min on 2 cores; CI stays under ~10.
 test-stress: helm
-	PYTHON=$(BIN)/python .ci/stress
+	PYTHON=$(BIN)/python TEST_WORKERS=$(TEST_WORKERS) .ci/stress
 
 monitoring: $(STAMP)
 	$(BIN)/python -m monitoring
