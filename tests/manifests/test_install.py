@@ -266,8 +266,9 @@ def test_a_dra_group_claims_status_is_guarded_by_a_policy_that_fails_closed(
         "apiGroups": ["resource.k8s.io"], "apiVersions": ["*"], "operations": ["CREATE", "UPDATE"],
         "resources": ["resourceclaims", "resourceclaims/status"]}]
     rules = [v["messageExpression"].split(":")[0].removeprefix("'rule ") for v in spec["validations"]]
-    assert rules == ["group-claim-operator-made", "group-claim-marks-fixed", "group-claim-no-delete-protection",
-                     "group-claim-allocation-operator-only", "group-claim-reserved-for-operator-only"]
+    assert rules == ["group-claim-operator-made", "group-claim-marks-fixed", "group-claim-finalizer-operator-only",
+                     "group-claim-no-delete-protection", "group-claim-allocation-operator-only",
+                     "group-claim-reserved-for-operator-only"]
     expressions = "\n".join(v["expression"] for v in spec["validations"])
     assert f"'system:serviceaccount:{NS}:deviceshare-operator'" in expressions
     assert '"system:serviceaccount:kube-system:resource-claim-controller"' in expressions

@@ -264,3 +264,19 @@ async def test_random_status_writes_never_give_a_group_claims_devices_to_anyone_
     for who in ("controller", "scheduler", "tenant"):  # the walk tried both outcomes
         assert outcomes.get((who, False)), (who, outcomes)
     assert outcomes.get(("controller", True)), outcomes
+
+
+async def test_only_the_operator_removes_a_group_claims_finalizer(tenant: Kube, sandbox: Sandbox) -> None:
+    """Without its finalizer a tenant deletes the claim while a member still runs on its devices (the kubelet keeps
+    a running pod whose claim is gone): kube-scheduler, which counts only existing claims' allocations, then hands
+    those GPUs to another tenant's claim, and that tenant's pod shares them with the group."""
+    group_claim(sandbox, "trainer", ["trainer-0"])
+    dropped = await refused(patch_claim(tenant, "trainer-devices", {"metadata": {"finalizers": None}}))
+    assert dropped.status == 403
+    assert "rule group-claim-finalizer-operator-only" in dropped.message
+    assert "tenant-alice may not remove them" in dropped.message
+    shown = sandbox.get("resourceclaims", "trainer-devices", NS)
+    assert shown is not None and shown["metadata"]["finalizers"] == [names.GROUP_FINALIZER]
+    # The tenant's own finalizer beside it comes and goes.
+    await patch_claim(tenant, "trainer-devices", {"metadata": {"finalizers": [names.GROUP_FINALIZER, "team.io/x"]}})
+    await patch_claim(tenant, "trainer-devices", {"metadata": {"finalizers": [names.GROUP_FINALIZER]}})
