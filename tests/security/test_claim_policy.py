@@ -280,3 +280,18 @@ async def test_only_the_operator_removes_a_group_claims_finalizer(tenant: Kube, 
     # The tenant's own finalizer beside it comes and goes.
     await patch_claim(tenant, "trainer-devices", {"metadata": {"finalizers": [names.GROUP_FINALIZER, "team.io/x"]}})
     await patch_claim(tenant, "trainer-devices", {"metadata": {"finalizers": [names.GROUP_FINALIZER]}})
+
+
+async def test_an_owner_reference_rewritten_in_place_passes_and_a_new_group_owner_does_not(
+    tenant: Kube, sandbox: Sandbox
+) -> None:
+    """The garbage collector rewrites the group's owner reference in place (``blockOwnerDeletion: false`` when it
+    unblocks a foreground deletion): the same owner (uid, name) passes; another SharedDeviceGroup owner does not."""
+    claim = group_claim(sandbox, "trainer", ["trainer-0"])
+    owner = dict(claim["metadata"]["ownerReferences"][0])
+    rewritten = await patch_claim(tenant, "trainer-devices", {"metadata": {"ownerReferences": [
+        {**owner, "blockOwnerDeletion": False}]}})
+    assert rewritten["metadata"]["ownerReferences"] == [{**owner, "blockOwnerDeletion": False}]
+    swapped = await refused(patch_claim(tenant, "trainer-devices", {"metadata": {"ownerReferences": [
+        {**owner, "uid": "uid-someone-else"}]}}))
+    assert "rule group-claim-marks-fixed" in swapped.message
