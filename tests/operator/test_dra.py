@@ -8,11 +8,13 @@ so what is tested is the allocation: which devices, on which node, written befor
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from deviceshare.api import names
+from deviceshare.core import budget
 from deviceshare.sandbox import Sandbox
 from tests import waiting
 from tests.operator import dra
@@ -293,6 +295,18 @@ async def test_preemption_evicts_exactly_the_group_whose_device_the_claim_select
     assert registry.get_sample_value("deviceshare_preemption_victims_total") == 1
 
 
+async def _quota_of_three_claimed_devices(
+    cluster: Sandbox, kube: Kube, operator: RunningOperator, seen: Callable[[budget.Quota], bool]
+) -> None:
+    """ResourceQuota ``h100s`` allowing 3 devices of the class in NS, once the operator's cache shows it as ``seen``
+    asks (its hard limit, or its ``status.used`` counted by the quota controller)."""
+    await kube.ensure_namespace(NS)
+    cluster.create({"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "h100s", "namespace": NS},
+                    "spec": {"hard": {f"{CLASS}.deviceclass.resource.k8s.io/devices": "3"}}})
+    scheduler = operator.memo.runtime.scheduler
+    await kube.wait_for(lambda: any(seen(q) for q in scheduler.quotas.quotas(NS)), "the operator to see the quota")
+
+
 async def _b_refused_for_quota(kube: Kube) -> None:
     """Group b, asking for 2 devices where ResourceClaims take 2 of quota h100s's 3, is not placed, as it says."""
     await dra.create_dra_group(kube, NS, "b", 2)
@@ -310,12 +324,7 @@ async def test_a_dra_group_over_its_namespace_claim_quota_is_not_placed(
 ) -> None:
     """kube-apiserver counts a ResourceClaim's devices on ``<class>.deviceclass.resource.k8s.io/devices``: the operator
     places a DRA group only if its claim fits that quota beside the other groups' claims."""
-    await kube.ensure_namespace(NS)
-    cluster.create({"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "h100s", "namespace": NS},
-                    "spec": {"hard": {f"{CLASS}.deviceclass.resource.k8s.io/devices": "3"}}})
-    scheduler = operator.memo.runtime.scheduler
-    await kube.wait_for(lambda: any(q.hard.get(CLASS) == 3 for q in scheduler.quotas.quotas(NS)),
-                        "the operator to see the quota")
+    await _quota_of_three_claimed_devices(cluster, kube, operator, lambda q: q.hard.get(CLASS) == 3)
     await dra.create_dra_group(kube, NS, "a", 2)
     await dra.create_member(kube, NS, "a-0", "a")
     await kube.wait_bound(NS, "a-0")
@@ -341,19 +350,15 @@ async def test_a_dra_group_whose_claim_the_quota_refused_holds_no_devices(
     """A claim that is not a group's takes 2 of the quota's 3: the group asking for 2 cannot have its claim (quota
     admission refuses it), so the operator must not hold 2 devices for it either. ``status.used`` does not count a
     claim that was never made: nothing of it is to be taken off."""
-    await kube.ensure_namespace(NS)
-    cluster.create({"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "h100s", "namespace": NS},
-                    "spec": {"hard": {f"{CLASS}.deviceclass.resource.k8s.io/devices": "3"}}})
-    scheduler = operator.memo.runtime.scheduler
-    await kube.wait_for(lambda: any(q.used.get(CLASS) == 0 for q in scheduler.quotas.quotas(NS)),
-                        "the operator to see the quota counted")
+    await _quota_of_three_claimed_devices(cluster, kube, operator, lambda q: q.used.get(CLASS) == 0)
     tenants_own = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
                    "metadata": {"name": "tenants-own", "namespace": NS},
                    "spec": {"devices": {"requests": [{"name": "devices", "exactly": {
                        "deviceClassName": CLASS, "allocationMode": "ExactCount", "count": 2}}]}}}
     await kube._json(kube.custom.create_namespaced_custom_object(  # through quota admission, which charges it
         "resource.k8s.io", "v1", NS, "resourceclaims", tenants_own, _preload_content=False))
-    await kube.wait_for(lambda: any(q.used.get(CLASS) == 2 for q in scheduler.quotas.quotas(NS)),
+    quotas = operator.memo.runtime.scheduler.quotas
+    await kube.wait_for(lambda: any(q.used.get(CLASS) == 2 for q in quotas.quotas(NS)),
                         "the operator to see the tenant's claim counted")
 
     await _b_refused_for_quota(kube)  # 2 + 2 > 3, on a cluster with 8 devices free
