@@ -19,8 +19,8 @@ import functools
 import re
 import sys
 import types
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, TypeVar
 
 from deviceshare.core.dravalues import Quantity, Version
 
@@ -34,6 +34,7 @@ _C_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _SCALARS = {"bool": bool, "int": int, "string": str, "version": Version}
 _LISTS = {"bools": "bool", "ints": "int", "strings": "string", "versions": "version"}
+_Value = TypeVar("_Value")  # an attribute's or a capacity's, as read
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -136,24 +137,11 @@ def parse_slice_device(driver: str, pool: str, device: Mapping[str, Any]) -> Sli
     name = device.get("name")
     if not isinstance(name, str) or not name:
         raise ValueError("device name: Required value")
-    raw_attributes, raw_capacity, raw_taints = device.get("attributes"), device.get("capacity"), device.get("taints")
-    attributes: dict[str, DeviceAttribute] = {}
-    for key, raw in _fields(raw_attributes, name, "attributes"):
-        qualified = _checked_name(key, driver) if type(key) is str else None
-        value = _plain_attribute(raw)
-        if qualified is None or value is None:  # the checking way: the same value, or the error naming it
-            where = f"device {name!r}: attributes[{key!r}]"
-            qualified, value = _qualified_name(key, driver, where), _attribute(raw, where)
-        attributes[qualified] = value
-    capacity: dict[str, DeviceCapacity] = {}
     shared = device.get("allowMultipleAllocations") is True
-    for key, raw in _fields(raw_capacity, name, "capacity"):
-        qualified = _checked_name(key, driver) if type(key) is str else None
-        value_ = _plain_capacity(raw)
-        if qualified is None or value_ is None:
-            where = f"device {name!r}: capacity[{key!r}]"
-            qualified, value_ = _qualified_name(key, driver, where), _capacity(raw, where, shared=shared)
-        capacity[qualified] = value_
+    attributes = _entries(device.get("attributes"), name, "attributes", driver, _plain_attribute, _attribute)
+    capacity = _entries(device.get("capacity"), name, "capacity", driver, _plain_capacity,
+                        functools.partial(_capacity, shared=shared))
+    raw_taints = device.get("taints")
     taints = () if raw_taints is None else tuple(
         _taint(t, f"device {name!r}: taints[{i}]") for i, t in enumerate(_list(raw_taints, f"device {name!r}: taints")))
     node_name = device.get("nodeName")
@@ -163,6 +151,24 @@ def parse_slice_device(driver: str, pool: str, device: Mapping[str, Any]) -> Sli
         allow_multiple_allocations=shared, taints=taints, binds_to_node=device.get("bindsToNode") is True,
         node_name=node_name if isinstance(node_name, str) and node_name else None,
     )
+
+
+def _entries(
+    raw: Any, device: str, field: str, driver: str,
+    plain: Callable[[Any], _Value | None], checked: Callable[[Any, str], _Value],
+) -> dict[str, _Value]:
+    """A device's ``attributes`` or ``capacity`` by qualified name: each entry read the cheap way (``plain``, a
+    cached name) where it has the common shape, else the checking way (``checked``: the same value, or the error
+    naming the field)."""
+    entries: dict[str, _Value] = {}
+    for key, value in _fields(raw, device, field):
+        qualified = _checked_name(key, driver) if type(key) is str else None
+        parsed = plain(value)
+        if qualified is None or parsed is None:
+            where = f"device {device!r}: {field}[{key!r}]"
+            qualified, parsed = _qualified_name(key, driver, where), checked(value, where)
+        entries[qualified] = parsed
+    return entries
 
 
 # -- the common shapes, without messages ----------------------------------------------------------------------------
